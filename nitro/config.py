@@ -1,0 +1,241 @@
+"""The whole configuration of a Nitro run: one typed, validated object.
+
+Loaded from YAML (``NitroConfig.from_yaml``), overridden from the command line with dotted
+``key=value`` pairs (``apply_overrides``), and logged whole with every run. Invalid input raises
+``ConfigError`` with a one-line message that names the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from nitro.envs import SUPPORTED_ENVS
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message is one line and names the field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PPOConfig(_Section):
+    """PPO hyperparameters (paper Table 1, RLlib's tuned examples)."""
+
+    lr: float = Field(5e-5, gt=0)
+    gamma: float = Field(0.99, gt=0, le=1)
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    clip: float = Field(0.3, gt=0)
+    kl_coef: float = Field(0.2, ge=0)
+    kl_target: float = Field(0.01, gt=0)
+    entropy_coef: float = Field(0.0, ge=0)
+    vf_coef: float = Field(1.0, ge=0)
+    vf_clip: float = Field(10.0, gt=0, description="clip of the value loss, in (scaled) reward units")
+    epochs: int = Field(10, ge=1)
+    minibatch_size: int = Field(128, ge=1)
+    max_grad_norm: float = Field(0.5, gt=0)
+    normalize_rewards: bool = True
+
+
+class ImpactConfig(_Section):
+    """IMPACT hyperparameters (paper Table 1)."""
+
+    lr: float = Field(5e-4, gt=0)
+    gamma: float = Field(0.99, gt=0, le=1)
+    clip: float = Field(0.4, gt=0)
+    kl_coef: float = Field(1.0, ge=0)
+    kl_target: float = Field(0.01, gt=0)
+    entropy_coef: float = Field(0.01, ge=0)
+    vf_coef: float = Field(1.0, ge=0)
+    target_update_freq: int = Field(1, ge=1)
+    rho_bar: float = Field(1.0, gt=0)
+    c_bar: float = Field(1.0, gt=0)
+    replay_capacity: int = Field(16, ge=1, description="batches held in the circular replay buffer")
+    replay_max_reuse: int = Field(2, ge=1, description="K: each batch is trained on at most K times")
+    minibatch_size: int = Field(512, ge=1)
+    max_grad_norm: float = Field(0.5, gt=0)
+
+
+ScalerName = Literal["nitro", "fixed", "always", "hydrozoa", "kungfu", "random"]
+
+
+class ScalerConfig(_Section):
+    """How many actors each round gets (SPEC.md step 3 and the baselines)."""
+
+    name: ScalerName = "nitro"
+    window: int = Field(6, ge=2, description="n: rounds in the sliding window of R values")
+    decay: float = Field(0.96, gt=0, lt=1, description="d in S_k = (R_max - R_k)/(R_max - R_min) * d^k")
+    i_min: int = Field(8, ge=1)
+    i_max: int = Field(64, ge=1)
+    fixed_actors: int = Field(16, ge=1, description="actors per round for the `fixed` scaler")
+    hydrozoa_start: int = Field(8, ge=1)
+    hydrozoa_every: int = Field(10, ge=1)
+    random_boost_prob: float = Field(0.25, gt=0, le=1, description="share of rounds `random` boosts")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "ScalerConfig":
+        if self.i_min > self.i_max:
+            raise ValueError(f"i_min ({self.i_min}) must not exceed i_max ({self.i_max})")
+        return self
+
+
+class DetectorConfig(_Section):
+    """Hessian boosting detection (SPEC.md step 2)."""
+
+    enabled: bool = True
+    subset_size: int = Field(512, ge=8, description="samples of the round's batch used for the Hessian")
+    lanczos_steps: int = Field(20, ge=4)
+
+
+class LambdaConfig(_Section):
+    function_name: str = "nitro-actor"
+    qualifier: str | None = None
+    region: str = "us-east-1"
+    endpoint_url: str | None = None
+    concurrency: int = Field(64, ge=1, description="invocations in flight at once")
+    architecture: Literal["x86_64", "arm64"] = "x86_64"
+    function_timeout_s: int = Field(300, ge=1, le=900)
+    provisioned_concurrency: int = Field(0, ge=0)
+    max_throttle_retries: int = Field(8, ge=0)
+
+
+class BackendConfig(_Section):
+    kind: Literal["local", "lambda"] = "local"
+    workers: int | None = Field(None, ge=1, description="local worker processes (default: CPU count)")
+    timeout_s: float = Field(300.0, gt=0, description="one invocation's deadline")
+    memory_mb: int = Field(1024, ge=128, le=10240, description="actor memory, billed as Lambda")
+    lambda_: LambdaConfig = Field(default_factory=LambdaConfig, alias="lambda")
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+
+class RedisConfig(_Section):
+    url: str | None = Field(None, description="external Redis (redis:// or rediss://); None starts a local one")
+    password_env: str = Field("NITRO_REDIS_PASSWORD", description="env var that holds the password, if any")
+    ttl_s: int = Field(86_400, ge=60, description="every key expires after this")
+    connect_timeout_s: float = Field(3.0, gt=0)
+
+
+class PriceTable(_Section):
+    """Prices in USD (paper §8.1 defaults). One table; every cost in the ledger comes from it."""
+
+    learner_per_hour: float = Field(0.68, ge=0, description="c5.4xlarge; p3.2xlarge is 3.06")
+    lambda_gb_s_x86: float = Field(0.0000166667, ge=0)
+    lambda_gb_s_arm: float = Field(0.0000133334, ge=0)
+    lambda_per_million_requests: float = Field(0.20, ge=0)
+    provisioned_gb_s: float = Field(0.0000041667, ge=0)
+    provisioned_duration_gb_s: float = Field(0.0000097222, ge=0)
+
+
+class TrackingConfig(_Section):
+    mlflow_uri: str | None = Field(None, description="default: sqlite:///<home>/mlflow.db")
+    experiment: str = "nitro"
+
+
+class NitroConfig(_Section):
+    """Everything a run needs. Defaults are the paper's."""
+
+    env_id: str = "Hopper-v5"
+    algo: Literal["ppo", "impact"] = "ppo"
+    seed: int = Field(0, ge=0)
+    rounds: int = Field(50, ge=1)
+    target_reward: float | None = None
+    budget_usd: float | None = Field(None, ge=0, description="stop when spent; None: no limit")
+    steps_per_actor: int = Field(512, ge=1)
+    round_deadline_s: float = Field(600.0, gt=0, description="how long the learner waits for a round's actors")
+    device: str = "cpu"
+    home: Path = Field(Path(".nitro"), description="checkpoints, local Redis data, default MLflow store")
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
+    impact: ImpactConfig = Field(default_factory=ImpactConfig)
+    scaler: ScalerConfig = Field(default_factory=ScalerConfig)
+    detector: DetectorConfig = Field(default_factory=DetectorConfig)
+    backend: BackendConfig = Field(default_factory=BackendConfig)
+    redis: RedisConfig = Field(default_factory=RedisConfig)
+    prices: PriceTable = Field(default_factory=PriceTable)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @field_validator("env_id")
+    @classmethod
+    def _known_env(cls, v: str) -> str:
+        if v not in SUPPORTED_ENVS:
+            raise ValueError(f"unknown env id {v!r}; supported: {', '.join(SUPPORTED_ENVS)}")
+        return v
+
+    # -- loading ---------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, data: dict[str, Any] | None = None, overrides: list[str] | None = None) -> "NitroConfig":
+        """Validate ``data`` with dotted ``key=value`` overrides applied; raise ConfigError."""
+        merged = dict(data or {})
+        for item in overrides or []:
+            _apply_override(merged, item)
+        try:
+            return cls.model_validate(merged)
+        except ValidationError as exc:
+            raise ConfigError(_one_line(exc)) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path | None, overrides: list[str] | None = None) -> "NitroConfig":
+        data: dict[str, Any] = {}
+        if path is not None:
+            try:
+                data = yaml.safe_load(Path(path).read_text()) or {}
+            except FileNotFoundError:
+                raise ConfigError(f"config file not found: {path}") from None
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+            if not isinstance(data, dict):
+                raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        return cls.load(data, overrides)
+
+    def to_flat_dict(self) -> dict[str, Any]:
+        """Dotted keys to plain values: what MLflow logs as params."""
+        out: dict[str, Any] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}" if prefix else k, v)
+            else:
+                out[prefix] = value
+
+        walk("", self.model_dump(mode="json", by_alias=True))
+        return out
+
+    def dump_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
+
+
+def _apply_override(data: dict[str, Any], item: str) -> None:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key=value (e.g. ppo.lr=1e-4)")
+    key, raw = item.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"override {item!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    node = data
+    for p in parts[:-1]:
+        child = node.get(p)
+        if not isinstance(child, dict):
+            child = {}
+            node[p] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def _one_line(exc: ValidationError) -> str:
+    errors = exc.errors()
+    first = errors[0]
+    field = ".".join(str(p) for p in first["loc"]) or "config"
+    msg = first["msg"].removeprefix("Value error, ")
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"invalid config: {field}: {msg}{more}"
