@@ -1,0 +1,144 @@
+"""``nitro``: the command line.
+
+    nitro train [-c config.yaml] [key=value ...] [--run-id ID]   train (a Prefect flow run)
+    nitro resume RUN_ID [--home DIR]                             continue a failed run
+    nitro compare [--experiment NAME] [--tag key=value ...]      table of runs from MLflow
+    nitro config [-c config.yaml] [key=value ...]                print the validated config
+
+Runs go through Prefect: with no ``PREFECT_API_URL`` set, Prefect starts a temporary local API
+server on SQLite for the duration of the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def _prefect_defaults() -> None:
+    # The ephemeral API server takes 15-20 s to start on small machines (NOTES.md).
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # One line per round from Nitro; Prefect's per-task state lines stay in the UI.
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("MUJOCO_GL", "disable")
+
+
+def _setup_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    logger = logging.getLogger("nitro")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def _run_flow(config_path: str | None, overrides: list[str], run_id: str | None) -> dict:
+    import asyncio
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flows.training import train
+    from nitro.config import NitroConfig
+    from nitro.runtime import ROUND_OBSERVERS
+
+    config = NitroConfig.from_yaml(config_path, overrides)  # fail fast, before Prefect starts
+    with Progress(TextColumn("[bold]nitro[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("rounds"),
+                  TimeElapsedColumn(), transient=False, disable=not sys.stderr.isatty()) as progress:
+        bar = progress.add_task("rounds", total=config.rounds)
+        ROUND_OBSERVERS.append(lambda _run, report: progress.update(bar, completed=report.round + 1))
+        return asyncio.run(train(config_path=config_path, overrides=overrides, run_id=run_id))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    result = _run_flow(args.config, args.overrides, args.run_id)
+    _print_result(result)
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from nitro.runtime import load_run_config
+    from nitro.checkpoint import run_dir
+
+    load_run_config(args.home, args.run_id)  # unknown run id: clear error
+    path = run_dir(args.home, args.run_id) / "config.yaml"
+    result = _run_flow(str(path), [f"home={args.home}"], args.run_id)
+    _print_result(result)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from nitro.compare import compare_runs, format_table
+    from nitro.tracking import default_tracking_uri
+
+    tags = dict(t.split("=", 1) for t in args.tag)
+    rows = compare_runs(args.tracking_uri or default_tracking_uri(), args.experiment, tags)
+    print(format_table(rows))
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from nitro.config import NitroConfig
+
+    print(NitroConfig.from_yaml(args.config, args.overrides).dump_yaml(), end="")
+    return 0
+
+
+def _print_result(result: dict) -> None:
+    ret = result.get("final_return_mean")
+    print(f"run {result['run_id']}: {result['rounds_done']} rounds, stopped by {result['stop_reason']}, "
+          f"final mean return {ret if ret is None else round(ret, 1)}, spend ${result['spend_usd']:.4f}")
+    print(f"  MLflow run: {result['mlflow_run_id']}   checkpoints: {result['checkpoints']}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nitro", description="Distributed RL with serverless actors and boosting.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train an agent (one Prefect flow run)")
+    p.add_argument("-c", "--config", help="YAML config file")
+    p.add_argument("--run-id", help="name the run (default: derived from the Prefect flow-run id)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. rounds=5 ppo.lr=1e-4 scaler.name=fixed")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("resume", help="continue a run from its last completed round")
+    p.add_argument("run_id")
+    p.add_argument("--home", default=".nitro", type=Path, help="the run's home directory (config `home`)")
+    p.set_defaults(func=cmd_resume)
+
+    p = sub.add_parser("compare", help="table of runs from MLflow")
+    p.add_argument("--experiment", default=None)
+    p.add_argument("--tag", action="append", default=[], metavar="key=value")
+    p.add_argument("--tracking-uri", default=None)
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("config", help="print the validated config")
+    p.add_argument("-c", "--config")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=cmd_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    _prefect_defaults()
+    _setup_logging()
+    args = build_parser().parse_args(argv)
+    from nitro.cache import CacheError
+    from nitro.checkpoint import CheckpointError
+    from nitro.config import ConfigError
+
+    try:
+        return args.func(args)
+    except (ConfigError, CheckpointError, CacheError) as exc:
+        print(f"nitro: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nitro: interrupted; resume with `nitro resume <run id>`", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

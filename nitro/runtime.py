@@ -1,0 +1,124 @@
+"""The resources one training run owns while it runs, opened once and closed on exit.
+
+``open_run`` starts (or connects to) Redis, starts the actor backend (warm local workers, or the
+shared Lambda client), builds the ``Trainer`` and restores its latest checkpoint. Prefect tasks
+find the live run by id with ``get_run`` rather than receiving it as a parameter: task parameters
+stay small and JSON-able, and nothing is hashed or serialised per call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from nitro.actors.events import ActorEvent, ActorSummary
+from nitro.cache import LocalRedisServer, TrajectoryCache, connect_redis, redact_url
+from nitro.checkpoint import CheckpointError, latest_round, load_checkpoint, run_dir
+from nitro.config import NitroConfig
+from nitro.engine import Trainer
+
+log = logging.getLogger("nitro")
+
+
+class ActorBackend(Protocol):
+    def invoke(self, event: ActorEvent) -> ActorSummary: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class RunContext:
+    config: NitroConfig
+    run_id: str
+    trainer: Trainer
+    backend: ActorBackend
+    cache: TrajectoryCache
+    redis_url: str
+    resumed_from: int | None = None
+    extras: dict = field(default_factory=dict)  # e.g. the MLflow run id, set by the pipeline
+
+
+_RUNS: dict[str, RunContext] = {}
+_LOCK = threading.Lock()
+
+
+def get_run(run_id: str) -> RunContext:
+    try:
+        return _RUNS[run_id]
+    except KeyError:
+        raise RuntimeError(f"training run {run_id!r} is not open in this process") from None
+
+
+def make_backend(config: NitroConfig) -> ActorBackend:
+    b = config.backend
+    if b.kind == "lambda":
+        from nitro.actors.lambda_ import LambdaActorBackend
+
+        return LambdaActorBackend(b.lambda_, memory_mb=b.memory_mb, timeout_s=b.timeout_s)
+    from nitro.actors.local import LocalActorPool
+
+    return LocalActorPool(workers=b.workers or os.cpu_count() or 1, timeout_s=b.timeout_s, memory_mb=b.memory_mb)
+
+
+def save_run_config(config: NitroConfig, run_id: str) -> Path:
+    path = run_dir(config.home, run_id) / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(config.dump_yaml())
+    return path
+
+
+def load_run_config(home: str | Path, run_id: str) -> NitroConfig:
+    path = run_dir(home, run_id) / "config.yaml"
+    if not path.exists():
+        known = sorted(p.name for p in (Path(home) / "runs").glob("*") if (p / "config.yaml").exists())
+        hint = f"; known runs: {', '.join(known[-10:])}" if known else f"; no runs under {Path(home) / 'runs'}"
+        raise CheckpointError(f"unknown run id {run_id!r}{hint}")
+    return NitroConfig.from_yaml(path)
+
+
+@contextlib.contextmanager
+def open_run(config: NitroConfig, run_id: str) -> Iterator[RunContext]:
+    """Open everything a run needs; restore its latest checkpoint if there is one."""
+    stack = contextlib.ExitStack()
+    with stack:
+        password = os.environ.get(config.redis.password_env) or None
+        url = config.redis.url or os.environ.get("NITRO_REDIS_URL")
+        if url is None:
+            server = stack.enter_context(LocalRedisServer(data_dir=Path(config.home) / "redis"))
+            url = server.url
+            log.info("started a local Redis at %s", url)
+        client = connect_redis(url, password=password, timeout_s=config.redis.connect_timeout_s)
+        stack.callback(client.close)
+        cache = TrajectoryCache(client, run_id, ttl_s=config.redis.ttl_s)
+        creds = {"env": config.redis.password_env} if password else {}
+        trainer = Trainer(config, run_id, cache, actor_cache_url=redact_url(url), actor_credentials=creds)
+        resumed = latest_round(config.home, run_id)
+        if resumed is not None:
+            _, state = load_checkpoint(config.home, run_id, resumed)
+            trainer.load_state_dict(state)
+            log.info("run %s: resuming after round %d", run_id, resumed + 1)
+        save_run_config(config, run_id)
+        backend = make_backend(config)
+        stack.callback(backend.close)
+        ctx = RunContext(config, run_id, trainer, backend, cache, url, resumed)
+        with _LOCK:
+            _RUNS[run_id] = ctx
+        stack.callback(lambda: _RUNS.pop(run_id, None))
+        yield ctx
+
+
+# Observers of finished rounds, e.g. the CLI's progress bar. Called in the flow's process.
+ROUND_OBSERVERS: list = []
+
+
+def notify_round(run_id: str, report) -> None:
+    for observer in list(ROUND_OBSERVERS):
+        try:
+            observer(run_id, report)
+        except Exception:  # an observer must never break a round
+            log.debug("round observer failed", exc_info=True)
