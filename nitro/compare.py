@@ -1,0 +1,177 @@
+"""A table of Nitro runs from MLflow: what ``nitro compare`` prints.
+
+Each row comes from one MLflow run logged by ``nitro.tracking.RunTracker``: identity from its
+tags (``env``, ``algo``, ``scaler``, ``seed``; falling back to the params ``env_id``, ``algo``,
+``scaler.name``, ``seed``), progress and results from its latest metrics (``round``,
+``return_mean``, ``spend_total_usd``). The same tags, params and metrics are what the MLflow UI's
+compare view lines up, so the table and the UI agree.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
+
+from nitro.tracking import (
+    SENTINEL_METRIC,
+    TAG_RUN_ID,
+    TrackingError,
+    _sqlite_path,
+    normalize_tracking_uri,
+)
+
+__all__ = ["COLUMNS", "compare_runs", "format_table"]
+
+# (row key, header)
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("run_name", "run"),
+    ("env", "env"),
+    ("algo", "algo"),
+    ("scaler", "scaler"),
+    ("seed", "seed"),
+    ("rounds_done", "rounds"),
+    ("final_return", "final return"),
+    ("total_spend_usd", "spend USD"),
+    ("status", "status"),
+    ("mlflow_run_id", "mlflow run id"),
+)
+
+_PARAM_FALLBACK = {"env": "env_id", "algo": "algo", "scaler": "scaler.name", "seed": "seed"}
+
+
+def _q(value: str) -> str:
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _filter_clause(key: str, value: str) -> str:
+    for prefix in ("tags.", "params.", "attributes."):
+        if key.startswith(prefix):
+            return f"{prefix}`{key[len(prefix):]}` = {_q(value)}"
+    return f"tags.`{key}` = {_q(value)}"
+
+
+def compare_runs(
+    tracking_uri: str,
+    experiment: str | None = None,
+    tag_filters: Mapping[str, str] | None = None,
+    *,
+    include_unfinished: bool = True,
+) -> list[dict[str, Any]]:
+    """Rows for every Nitro run (one with a ``nitro.run_id`` tag) matching the filters.
+
+    ``experiment``: an experiment name (None: all experiments). ``tag_filters``: ``{key: value}``
+    ANDed; a bare key is a tag, ``params.x`` / ``attributes.x`` filter on those instead.
+    Sorted by env, algo, scaler, seed, run name.
+    """
+    uri = normalize_tracking_uri(tracking_uri)
+    db = _sqlite_path(uri)
+    if db is not None and not db.exists():
+        raise TrackingError(f"no MLflow store at {db} (nothing has been tracked there yet)")
+    client = MlflowClient(tracking_uri=uri)
+    if experiment is None:
+        exps = client.search_experiments(view_type=ViewType.ACTIVE_ONLY)
+    else:
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            known = ", ".join(sorted(e.name for e in client.search_experiments())) or "none"
+            raise TrackingError(f"unknown MLflow experiment {experiment!r}; known: {known}")
+        exps = [exp]
+    if not exps:
+        return []
+    names = {e.experiment_id: e.name for e in exps}
+    filter_string = " and ".join(_filter_clause(k, v) for k, v in (tag_filters or {}).items())
+    runs = []
+    token = None
+    while True:
+        page = client.search_runs(
+            list(names),
+            filter_string=filter_string,
+            run_view_type=ViewType.ACTIVE_ONLY,
+            max_results=1000,
+            page_token=token,
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            break
+    rows = [_row(r, names) for r in runs if TAG_RUN_ID in r.data.tags]
+    if not include_unfinished:
+        rows = [r for r in rows if r["status"] == "FINISHED"]
+    rows.sort(key=lambda r: (str(r["env"]), str(r["algo"]), str(r["scaler"]), _seed_key(r["seed"]), str(r["run_name"])))
+    return rows
+
+
+def _seed_key(seed: Any) -> tuple[int, str]:
+    try:
+        return (int(seed), "")
+    except (TypeError, ValueError):
+        return (1 << 62, str(seed))
+
+
+def _row(run, experiment_names: Mapping[str, str]) -> dict[str, Any]:
+    tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+    row: dict[str, Any] = {
+        "run_name": run.info.run_name or tags.get(TAG_RUN_ID),
+        "nitro_run_id": tags.get(TAG_RUN_ID),
+        "mlflow_run_id": run.info.run_id,
+        "experiment": experiment_names.get(run.info.experiment_id, run.info.experiment_id),
+    }
+    for key, param in _PARAM_FALLBACK.items():
+        row[key] = tags.get(key, params.get(param))
+    last_round = metrics.get(SENTINEL_METRIC)
+    row["rounds_done"] = int(last_round) + 1 if last_round is not None else 0
+    row["rounds_limit"] = _int_or_none(params.get("rounds"))
+    row["final_return"] = metrics.get("return_mean")
+    row["total_spend_usd"] = metrics.get("spend_total_usd")
+    row["env_steps_total"] = metrics.get("env_steps_total")
+    row["status"] = run.info.status
+    row["start_time"] = (
+        datetime.fromtimestamp(run.info.start_time / 1000, tz=timezone.utc).isoformat(timespec="seconds")
+        if run.info.start_time
+        else None
+    )
+    return row
+
+
+def _int_or_none(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _fmt(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if key == "total_spend_usd":
+            return f"{value:.4f}"
+        return f"{value:.2f}"
+    return str(value)
+
+
+def format_table(rows: list[dict[str, Any]], *, markdown: bool = False) -> str:
+    """A fixed-width text table (or a Markdown table) of ``compare_runs`` rows."""
+    headers = [h for _, h in COLUMNS]
+    cells = [[_fmt(k, r.get(k)) for k, _ in COLUMNS] for r in rows]
+    if markdown:
+        lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+        lines += ["| " + " | ".join(c) + " |" for c in cells]
+        return "\n".join(lines)
+    if not rows:
+        return "no runs found"
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    numeric = {"seed", "rounds_done", "final_return", "total_spend_usd"}
+    def line(vals: list[str]) -> str:
+        return "  ".join(
+            v.rjust(w) if COLUMNS[i][0] in numeric else v.ljust(w) for i, (v, w) in enumerate(zip(vals, widths))
+        ).rstrip()
+    out = [line(headers), line(["-" * w for w in widths])]
+    out += [line(c) for c in cells]
+    return "\n".join(out)
