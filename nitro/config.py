@@ -76,6 +76,9 @@ class ScalerConfig(_Section):
     hydrozoa_start: int = Field(8, ge=1)
     hydrozoa_every: int = Field(10, ge=1)
     random_boost_prob: float = Field(0.25, gt=0, le=1, description="share of rounds `random` boosts")
+    random_mean_actors: float | None = Field(
+        None, ge=0, description="`random`: mean actors/round of the Nitro run to match; sets the boost probability"
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> "ScalerConfig":
@@ -107,7 +110,7 @@ class LambdaConfig(_Section):
 class BackendConfig(_Section):
     kind: Literal["local", "lambda"] = "local"
     workers: int | None = Field(None, ge=1, description="local worker processes (default: CPU count)")
-    timeout_s: float = Field(300.0, gt=0, description="one invocation's deadline")
+    timeout_s: float = Field(120.0, gt=0, description="one invocation's deadline (also bounds its cost)")
     memory_mb: int = Field(1024, ge=128, le=10240, description="actor memory, billed as Lambda")
     lambda_: LambdaConfig = Field(default_factory=LambdaConfig, alias="lambda")
 
@@ -130,6 +133,8 @@ class PriceTable(_Section):
     lambda_per_million_requests: float = Field(0.20, ge=0)
     provisioned_gb_s: float = Field(0.0000041667, ge=0)
     provisioned_duration_gb_s: float = Field(0.0000097222, ge=0)
+    provisioned_gb_s_arm: float = Field(0.0000033334, ge=0)
+    provisioned_duration_gb_s_arm: float = Field(0.0000077778, ge=0)
 
 
 class TrackingConfig(_Section):

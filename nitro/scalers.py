@@ -1,0 +1,274 @@
+"""How many actors each round gets (SPEC.md step 3, paper §5.3 and §8.3), and the budget cap.
+
+``make_scaler(cfg, seed)`` returns a scaler by name. Every scaler has
+``decide(round_idx, signal) -> int`` plus ``state_dict()`` / ``load_state_dict()`` (JSON-able, for
+checkpoints) and ``last`` (a dict describing the last decision, for MLflow).
+
+**Round index k.** ``round_idx`` is the engine's 0-based round number: ``decide(k, ...)`` picks the
+actor count of round k (the actors launched at the end of round k), using R measured in round k on
+round k−1's batches. Round 0 has no R (nothing to update on yet). The decay is ``d**k`` with this
+same k, so it does not depend on how many R values were valid, and a resumed run continues the
+same schedule.
+
+**NitroScaler** (the formula as written, unlike the official code which decayed twice and mixed
+decayed with raw values in one window): the window holds the last ``n`` *raw* valid R values,
+including R_k; ``S_k = (R_max − R_k)/(R_max − R_min) · d**k`` and
+``I_k = clip(round(I_max · S_k), I_min, I_max)``, rounding to the nearest integer, halves up.
+Degenerate choices, all giving **I_min** ("no evidence of a boosting opportunity", and the cheap
+choice): R_k missing (None: the detector reported a degenerate status), NaN or infinite (then the
+window is left unchanged: a bad value never enters it); a window whose max equals its min
+(including a window of one value, e.g. round 1).
+
+**Baselines** (paper §8.3):
+* ``fixed``: ``cfg.fixed_actors`` every round (paper: 16), not clipped to [I_min, I_max].
+* ``always``: I_max every round.
+* ``hydrozoa``: ``clip(hydrozoa_start · 2**(k // hydrozoa_every), I_min, I_max)``: 8 for rounds
+  0–9, 16 for 10–19, ... (with the defaults).
+* ``kungfu``: KungFu scales workers with the gradient noise scale B_noise (the batch size beyond
+  which more samples stop helping) and never scales down. Mapping: the round needs about
+  B_noise samples, an actor brings ``steps_per_actor``, so the target is
+  ``ceil(B_noise / steps_per_actor)`` clipped to [I_min, I_max]; the count is
+  ``max(previous count, target)`` (start: I_min). A missing/NaN/non-positive B_noise keeps the
+  previous count. B_noise is ``PPOLearner.update``'s ``grad_noise_scale`` (McCandlish's B_simple).
+* ``random``: "the same expected spend as Nitro, on random rounds": each round independently boosts
+  to I_max with probability p, else I_min, so E[actors] = I_min + p·(I_max − I_min). With
+  ``cfg.random_mean_actors`` set (the mean actors per round of the Nitro run to match, e.g. from
+  its MLflow metrics) p = (mean − I_min)/(I_max − I_min), clipped to [0, 1]; otherwise
+  p = ``cfg.random_boost_prob``. The draw for round k comes from a generator seeded with
+  (seed, k), so it is reproducible and a resumed or retried round draws the same value.
+
+The budget cap (:func:`cap_by_budget`) is applied after the scaler by the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+
+from nitro.config import ScalerConfig
+
+
+@dataclass(frozen=True)
+class RoundSignal:
+    """What a scaler may look at when deciding round k."""
+
+    R: float | None = None  # Detection.R (None when detection was degenerate or not run)
+    grad_noise_scale: float | None = None  # B_simple from the PPO update, for kungfu
+
+
+def _valid(x: float | None) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _round_half_up(x: float) -> int:
+    return int(math.floor(x + 0.5))
+
+
+def _clip(n: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, n))
+
+
+class Scaler:
+    name = "base"
+
+    def __init__(self, cfg: ScalerConfig, seed: int = 0):
+        self.cfg = cfg
+        self.seed = int(seed)
+        self.last: dict[str, Any] = {}
+
+    def decide(self, round_idx: int, signal: RoundSignal) -> int:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("name") != self.name:
+            raise ValueError(f"scaler state is for {state.get('name')!r}, this scaler is {self.name!r}")
+
+    def _record(self, round_idx: int, actors: int, **info: Any) -> int:
+        self.last = {"round": round_idx, "actors": actors, **info}
+        return actors
+
+
+class NitroScaler(Scaler):
+    name = "nitro"
+
+    def __init__(self, cfg: ScalerConfig, seed: int = 0):
+        super().__init__(cfg, seed)
+        self.window: deque[float] = deque(maxlen=cfg.window)
+
+    def score(self, round_idx: int, R: float) -> float | None:
+        """S_k for a valid R_k already in the window; None when max == min."""
+        r_max, r_min = max(self.window), min(self.window)
+        if r_max == r_min:
+            return None
+        return (r_max - R) / (r_max - r_min) * self.cfg.decay**round_idx
+
+    def decide(self, round_idx: int, signal: RoundSignal) -> int:
+        cfg = self.cfg
+        R = signal.R
+        if not _valid(R):
+            return self._record(round_idx, cfg.i_min, score=None, reason="R missing or not finite", R=None)
+        self.window.append(float(R))
+        s = self.score(round_idx, float(R))
+        if s is None:
+            return self._record(round_idx, cfg.i_min, score=None, reason="window max == min", R=float(R))
+        actors = _clip(_round_half_up(cfg.i_max * s), cfg.i_min, cfg.i_max)
+        return self._record(
+            round_idx, actors, score=s, reason="score", R=float(R),
+            window_min=min(self.window), window_max=max(self.window),
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "window": list(self.window)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.window = deque((float(x) for x in state["window"]), maxlen=self.cfg.window)
+
+
+class FixedScaler(Scaler):
+    name = "fixed"
+
+    def decide(self, round_idx: int, signal: RoundSignal) -> int:
+        return self._record(round_idx, self.cfg.fixed_actors)
+
+
+class AlwaysScaler(Scaler):
+    name = "always"
+
+    def decide(self, round_idx: int, signal: RoundSignal) -> int:
+        return self._record(round_idx, self.cfg.i_max)
+
+
+class HydrozoaScaler(Scaler):
+    name = "hydrozoa"
+
+    def decide(self, round_idx: int, signal: RoundSignal) -> int:
+        cfg = self.cfg
+        doublings = max(0, round_idx) // cfg.hydrozoa_every
+        # cap the exponent before it grows: 2**k beyond i_max is i_max anyway
+        n = cfg.hydrozoa_start * 2 ** min(doublings, 64)
+        return self._record(round_idx, _clip(n, cfg.i_min, cfg.i_max))
+
+
+class KungFuScaler(Scaler):
+    name = "kungfu"
+
+    def __init__(self, cfg: ScalerConfig, seed: int = 0, steps_per_actor: int = 512):
+        super().__init__(cfg, seed)
+        if steps_per_actor < 1:
+            raise ValueError("steps_per_actor must be >= 1")
+        self.steps_per_actor = int(steps_per_actor)
+        self.current = cfg.i_min
+
+    def decide(self, round_idx: int, signal: RoundSignal) -> int:
+        cfg = self.cfg
+        b = signal.grad_noise_scale
+        if not _valid(b) or b <= 0:
+            return self._record(round_idx, self.current, reason="noise scale missing", grad_noise_scale=None)
+        target = _clip(math.ceil(b / self.steps_per_actor), cfg.i_min, cfg.i_max)
+        self.current = max(self.current, target)  # KungFu never scales down
+        return self._record(round_idx, self.current, target=target, grad_noise_scale=float(b))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "current": self.current, "steps_per_actor": self.steps_per_actor}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.current = int(state["current"])
+        self.steps_per_actor = int(state.get("steps_per_actor", self.steps_per_actor))
+
+
+def boost_prob_for_mean(mean_actors: float, i_min: int, i_max: int) -> float:
+    """p such that I_min + p (I_max - I_min) = mean_actors, clipped to [0, 1]."""
+    if i_max == i_min:
+        return 0.0
+    return float(min(1.0, max(0.0, (mean_actors - i_min) / (i_max - i_min))))
+
+
+class RandomScaler(Scaler):
+    name = "random"
+
+    def __init__(self, cfg: ScalerConfig, seed: int = 0):
+        super().__init__(cfg, seed)
+        mean = getattr(cfg, "random_mean_actors", None)
+        self.p = boost_prob_for_mean(mean, cfg.i_min, cfg.i_max) if mean is not None else float(cfg.random_boost_prob)
+
+    def expected_actors(self) -> float:
+        return self.cfg.i_min + self.p * (self.cfg.i_max - self.cfg.i_min)
+
+    def decide(self, round_idx: int, signal: RoundSignal) -> int:
+        u = float(np.random.default_rng([self.seed, max(0, int(round_idx))]).random())
+        boost = u < self.p
+        return self._record(round_idx, self.cfg.i_max if boost else self.cfg.i_min, boost=boost, p=self.p)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "p": self.p}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.p = float(state["p"])
+
+
+SCALERS: dict[str, type[Scaler]] = {
+    cls.name: cls for cls in (NitroScaler, FixedScaler, AlwaysScaler, HydrozoaScaler, KungFuScaler, RandomScaler)
+}
+
+
+def make_scaler(cfg: ScalerConfig, seed: int, *, steps_per_actor: int = 512) -> Scaler:
+    """The scaler named by ``cfg.name``. ``steps_per_actor`` (NitroConfig.steps_per_actor) is
+    used by ``kungfu`` only."""
+    try:
+        cls = SCALERS[cfg.name]
+    except KeyError:
+        raise ValueError(f"unknown scaler {cfg.name!r}; known: {', '.join(SCALERS)}") from None
+    if cls is KungFuScaler:
+        return KungFuScaler(cfg, seed, steps_per_actor=steps_per_actor)
+    return cls(cfg, seed)
+
+
+def cap_by_budget(
+    n_actors: int,
+    remaining_usd: float | Decimal | None,
+    cost_per_actor_usd: float | Decimal,
+    round_fixed_cost_usd: float | Decimal = 0,
+    min_actors: int = 1,
+) -> int:
+    """The most actors, at most ``n_actors``, whose cost plus the round's fixed cost fits in the
+    remaining budget: largest n with ``fixed + n * per_actor <= remaining`` (exact decimal
+    arithmetic). Fewer are launched when the budget is short; if fewer than
+    ``min(min_actors, n_actors)`` fit, the answer is 0, which means: stop the run (the engine's
+    clean stop). ``min_actors=1`` (default): launch fewer down to one; pass ``cfg.i_min`` to stop
+    instead of going below I_min. ``round_fixed_cost_usd`` must cover the learner's time for
+    the round *and* for updating on its data, since that is spent after the actors return. ``remaining_usd=None``
+    means no budget. The guarantee that the ledger never exceeds the budget holds when the two
+    costs passed are upper bounds of what the round will actually be charged (see
+    ``CostLedger.max_actor_cost`` and docs there)."""
+    n_actors = max(0, int(n_actors))
+    if remaining_usd is None:
+        return n_actors
+    remaining = _dec(remaining_usd)
+    per_actor = _dec(cost_per_actor_usd)
+    fixed = _dec(round_fixed_cost_usd)
+    if per_actor < 0 or fixed < 0:
+        raise ValueError("costs must be non-negative")
+    left = remaining - fixed
+    if left < 0:
+        return 0
+    n = n_actors if per_actor == 0 else min(n_actors, int(left // per_actor))
+    need = min(max(1, int(min_actors)), n_actors)  # a scaler asking for fewer than min_actors gets them
+    return n if n >= need and n > 0 else 0
+
+
+def _dec(x: float | Decimal | int) -> Decimal:
+    d = x if isinstance(x, Decimal) else Decimal(str(x))
+    if not d.is_finite():
+        raise ValueError(f"not a finite amount: {x!r}")
+    return d

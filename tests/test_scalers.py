@@ -1,0 +1,213 @@
+"""Scalers against hand-worked sequences; checkpoints; the budget property."""
+
+from __future__ import annotations
+
+import json
+import math
+from decimal import Decimal
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nitro.config import PriceTable, ScalerConfig
+from nitro.cost import CostLedger
+from nitro.scalers import (
+    SCALERS,
+    NitroScaler,
+    RandomScaler,
+    RoundSignal,
+    boost_prob_for_mean,
+    cap_by_budget,
+    make_scaler,
+)
+
+NAN = float("nan")
+
+
+def run(scaler, Rs=None, gns=None):
+    n = len(Rs if Rs is not None else gns)
+    return [
+        scaler.decide(k, RoundSignal(R=None if Rs is None else Rs[k], grad_noise_scale=None if gns is None else gns[k]))
+        for k in range(n)
+    ]
+
+
+def test_nitro_hand_worked_sequence():
+    """n=3, d=0.9, I_min=2, I_max=20; k is the round index. W holds the last 3 valid raw R.
+    k=0 R=None           -> missing: I_min = 2, W=[]
+    k=1 R=2.0  W=[2]     -> max == min: 2
+    k=2 R=1.0  W=[2,1]   -> S=(2-1)/(2-1)*0.9^2 = 0.81;          20*0.81 = 16.2      -> 16
+    k=3 R=3.0  W=[2,1,3] -> S=(3-3)/2 * 0.9^3 = 0;                clip(0)            -> 2
+    k=4 R=1.5  W=[1,3,1.5] -> S=(3-1.5)/(3-1)*0.9^4 = 0.75*0.6561 = 0.492075; 9.8415 -> 10
+    k=5 R=nan            -> missing: 2, W unchanged
+    k=6 R=1.0  W=[3,1.5,1] -> S=(3-1)/(3-1)*0.9^6 = 0.531441;    10.62882           -> 11
+    k=7 R=2.0  W=[1.5,1,2] -> S=(2-2)/1 = 0                                          -> 2
+    k=8 R=0.5  W=[1,2,0.5] -> S=(2-0.5)/(2-0.5)*0.9^8 = 0.43046721; 8.6093442       -> 9
+    k=9 R=inf            -> missing: 2
+    """
+    cfg = ScalerConfig(name="nitro", window=3, decay=0.9, i_min=2, i_max=20)
+    s = make_scaler(cfg, seed=0)
+    Rs = [None, 2.0, 1.0, 3.0, 1.5, NAN, 1.0, 2.0, 0.5, math.inf]
+    assert run(s, Rs) == [2, 2, 16, 2, 10, 2, 11, 2, 9, 2]
+    assert list(s.window) == [1.0, 2.0, 0.5]
+
+
+def test_nitro_scores_are_the_formula_not_the_official_code():
+    cfg = ScalerConfig(name="nitro", window=3, decay=0.9, i_min=2, i_max=20)
+    s = NitroScaler(cfg)
+    s.decide(0, RoundSignal(R=2.0))
+    s.decide(1, RoundSignal(R=1.0))
+    assert s.last["score"] == pytest.approx(0.9)  # d^1 once, not d^2; raw values in the window
+    assert list(s.window) == [2.0, 1.0]
+    s.decide(2, RoundSignal(R=1.5))
+    assert s.last["score"] == pytest.approx(0.5 * 0.81)
+    assert s.last["window_min"] == 1.0 and s.last["window_max"] == 2.0
+
+
+def test_nitro_defaults_hand_worked():
+    """Defaults n=6, d=0.96, I_min=8, I_max=64.
+    k=1 R=1.2 -> 8 (one value); k=2 R=0.8 -> S=1*0.96^2=0.9216, 58.98 -> 59;
+    k=3 R=1.0 -> S=(1.2-1.0)/0.4*0.96^3 = 0.5*0.884736 = 0.442368, 28.31 -> 28;
+    k=4 R=2.0 -> 0 -> 8; k=5 R=0.8 -> S=(2-0.8)/1.2*0.96^5 = 0.8153727, 52.18 -> 52;
+    k=6 R=0.8 -> same window min: S=0.96^6=0.78275779, 50.1 -> 50."""
+    s = make_scaler(ScalerConfig(), seed=0)
+    assert run(s, [None, 1.2, 0.8, 1.0, 2.0, 0.8, 0.8]) == [8, 8, 59, 28, 8, 52, 50]
+    # late rounds: d^k caps the boost; at k=60, 64*0.96^60 = 5.54 -> clipped to I_min
+    assert s.decide(60, RoundSignal(R=0.1)) == 8
+
+
+def test_nitro_flat_window_never_crashes():
+    s = make_scaler(ScalerConfig(window=4), seed=0)
+    assert run(s, [1.0, 1.0, 1.0, 1.0, 1.0]) == [8] * 5
+    assert s.last["reason"] == "window max == min"
+
+
+def test_baselines_hand_worked():
+    cfg = ScalerConfig(i_min=8, i_max=64, fixed_actors=16, hydrozoa_start=8, hydrozoa_every=10)
+    fixed = make_scaler(cfg.model_copy(update={"name": "fixed"}), 0)
+    assert run(fixed, [None] * 3) == [16, 16, 16]
+    always = make_scaler(cfg.model_copy(update={"name": "always"}), 0)
+    assert run(always, [0.1, None, 5.0]) == [64, 64, 64]
+    hyd = make_scaler(cfg.model_copy(update={"name": "hydrozoa"}), 0)
+    assert [hyd.decide(k, RoundSignal()) for k in (0, 9, 10, 19, 20, 30, 49, 10_000)] == [8, 8, 16, 16, 32, 64, 64, 64]
+    # kungfu, 512 steps per actor: ceil(B/512) clipped to [8, 64], never down, missing keeps
+    kf = make_scaler(cfg.model_copy(update={"name": "kungfu"}), 0, steps_per_actor=512)
+    gns = [None, 2048.0, 10_000.0, 5000.0, NAN, -3.0, 20_000.0, 1e9]
+    #       8     ceil 4->8   ceil 19.53->20  20 (no down) 20   20    ceil 39.06->40  64
+    assert run(kf, gns=gns) == [8, 8, 20, 20, 20, 20, 40, 64]
+
+
+def test_random_matches_expected_spend():
+    assert boost_prob_for_mean(8, 8, 64) == 0.0
+    assert boost_prob_for_mean(22, 8, 64) == 0.25  # (22-8)/(64-8)
+    assert boost_prob_for_mean(100, 8, 64) == 1.0
+    cfg = ScalerConfig(name="random", i_min=8, i_max=64, random_mean_actors=22.0)
+    s = make_scaler(cfg, seed=3)
+    assert isinstance(s, RandomScaler) and s.p == 0.25 and s.expected_actors() == 22.0
+    decisions = [s.decide(k, RoundSignal()) for k in range(4000)]
+    assert set(decisions) == {8, 64}
+    assert sum(decisions) / len(decisions) == pytest.approx(22.0, rel=0.05)
+    # reproducible per (seed, round): a retried round draws the same
+    again = make_scaler(cfg, seed=3)
+    assert [again.decide(k, RoundSignal()) for k in range(50)] == decisions[:50]
+    assert again.decide(7, RoundSignal()) == decisions[7]
+    # without a mean to match, the configured share of rounds
+    assert make_scaler(ScalerConfig(name="random", random_boost_prob=0.5), 0).p == 0.5
+
+
+@pytest.mark.parametrize("name", sorted(SCALERS))
+def test_state_dict_round_trip(name):
+    cfg = ScalerConfig(name=name, window=3)
+    Rs = [None, 1.0, 0.5, 2.0, 0.7, 0.3, 1.1, 0.2, 0.9, 0.4]
+    gns = [None, 900.0, 5000.0, 3000.0, 8000.0, NAN, 12_000.0, 1000.0, 40_000.0, 10.0]
+    a = make_scaler(cfg, seed=5)
+    for k in range(5):
+        a.decide(k, RoundSignal(R=Rs[k], grad_noise_scale=gns[k]))
+    state = json.loads(json.dumps(a.state_dict()))
+    b = make_scaler(cfg, seed=5)
+    b.load_state_dict(state)
+    for k in range(5, 10):
+        sig = RoundSignal(R=Rs[k], grad_noise_scale=gns[k])
+        assert a.decide(k, sig) == b.decide(k, sig)
+    with pytest.raises(ValueError):
+        make_scaler(ScalerConfig(name="always" if name != "always" else "fixed"), 0).load_state_dict(state)
+
+
+def test_cap_by_budget_rules():
+    assert cap_by_budget(64, None, 1.0, 5.0) == 64  # no budget
+    assert cap_by_budget(64, 10.0, 0.5, 2.0) == 16  # (10-2)/0.5
+    assert cap_by_budget(64, 10.0, 0.5, 2.0, min_actors=8) == 16
+    assert cap_by_budget(64, 5.0, 0.5, 2.0, min_actors=8) == 0  # 6 fit, fewer than 8: stop
+    assert cap_by_budget(64, 5.0, 0.5, 2.0) == 6  # launch fewer
+    assert cap_by_budget(4, 5.0, 0.5, 2.0, min_actors=8) == 4  # the scaler asked for fewer than 8
+    assert cap_by_budget(64, 1.0, 0.5, 2.0) == 0  # cannot even pay the learner
+    assert cap_by_budget(64, 0.3, 0.1, 0.0) == 3  # exact decimals: 0.3/0.1 is 3, not 2.9999
+    assert cap_by_budget(64, 10.0, 0, 2.0) == 64
+    assert cap_by_budget(0, 10.0, 1.0, 0.0) == 0
+    with pytest.raises(ValueError):
+        cap_by_budget(8, 10.0, -1.0, 0.0)
+    with pytest.raises(ValueError):
+        cap_by_budget(8, NAN, 1.0, 0.0)
+
+
+money = st.decimals(min_value=Decimal("0"), max_value=Decimal("0.0001"), places=10)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    name=st.sampled_from(sorted(SCALERS)),
+    learner_per_hour=st.decimals(min_value=Decimal("0"), max_value=Decimal("5"), places=4),
+    gb_s=money,
+    per_million=st.decimals(min_value=Decimal("0"), max_value=Decimal("1"), places=4),
+    prov=money,
+    prov_dur=money,
+    memory_mb=st.integers(128, 10240),
+    arch=st.sampled_from(["x86_64", "arm64"]),
+    provisioned=st.integers(0, 16),
+    timeout_ms=st.integers(1, 900_000),
+    budget=st.decimals(min_value=Decimal("0"), max_value=Decimal("20"), places=4),
+    rounds=st.integers(1, 40),
+    i_min=st.integers(1, 16),
+    i_span=st.integers(0, 64),
+    stop_below_i_min=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_budget_is_never_exceeded(data, name, learner_per_hour, gb_s, per_million, prov, prov_dur, memory_mb, arch,
+                                  provisioned, timeout_ms, budget, rounds, i_min, i_span, stop_below_i_min, seed):
+    """An engine-shaped loop: scaler -> cap_by_budget with upper bounds of the round's costs ->
+    actors with random real durations (at most the timeout, longer ones are cut) and a learner
+    time at most its bound -> ledger. The ledger never exceeds the budget; the run stops exactly
+    when the cap says 0, and then the budget really could not pay for the minimum."""
+    prices = PriceTable(
+        learner_per_hour=float(learner_per_hour), lambda_gb_s_x86=float(gb_s), lambda_gb_s_arm=float(gb_s),
+        lambda_per_million_requests=float(per_million), provisioned_gb_s=float(prov),
+        provisioned_duration_gb_s=float(prov_dur), provisioned_gb_s_arm=float(prov),
+        provisioned_duration_gb_s_arm=float(prov_dur),
+    )
+    ledger = CostLedger(prices, memory_mb=memory_mb, architecture=arch, provisioned_concurrency=provisioned,
+                        local_actors=True, max_billed_ms=timeout_ms)
+    cfg = ScalerConfig(name=name, i_min=i_min, i_max=i_min + i_span, window=3, fixed_actors=i_min + i_span // 2)
+    scaler = make_scaler(cfg, seed)
+    learner_bound_s = data.draw(st.floats(0, 7200, allow_nan=False), label="learner_bound_s")
+    per_actor = ledger.max_actor_cost()
+    min_actors = cfg.i_min if stop_below_i_min else 1
+    for k in range(rounds):
+        R = data.draw(st.one_of(st.none(), st.just(NAN), st.floats(-5, 5)), label="R")
+        gns = data.draw(st.one_of(st.none(), st.floats(0, 1e6)), label="gns")
+        wanted = scaler.decide(k, RoundSignal(R=R, grad_noise_scale=gns))
+        if name != "fixed":
+            assert cfg.i_min <= wanted <= cfg.i_max
+        fixed = ledger.round_fixed_cost(learner_bound_s, learner_bound_s)
+        remaining = ledger.remaining(budget)
+        n = cap_by_budget(wanted, remaining, per_actor, fixed, min_actors=min_actors)
+        assert 0 <= n <= wanted
+        if n == 0:  # clean stop: it really could not pay for the minimum
+            assert remaining < fixed + min(min_actors, wanted) * per_actor
+            break
+        learner_s = data.draw(st.floats(0, learner_bound_s), label="learner_s")
+        billed = data.draw(st.lists(st.integers(0, 2 * timeout_ms), min_size=n, max_size=n), label="billed")
+        rc = ledger.charge_round(k, learner_s, billed, provisioned_seconds=learner_s)
+        assert rc.total == rc.learner + rc.lambda_compute + rc.requests + rc.provisioned
+        assert ledger.spent <= budget, (ledger.spent, budget)
