@@ -12,9 +12,8 @@ from __future__ import annotations
 import time
 
 from prefect import flow, unmapped
-from prefect.futures import wait
 
-from tasks.actors import invoke_actor, plan_invocations, publish_weights, summaries_from_states
+from tasks.actors import invoke_actor, plan_invocations, publish_weights, collect_summaries
 from tasks.bookkeeping import end_round
 from tasks.detection import detect_boosting
 from tasks.learner import update_policy
@@ -31,8 +30,7 @@ async def training_round(run_id: str, k: int) -> dict:
     events = plan_invocations(run_id, k, n_actors, weights_key)
     started = time.perf_counter()
     futures = invoke_actor.map(unmapped(run_id), events)
-    wait(futures)
-    summaries = summaries_from_states(events, [f.state for f in futures])
+    summaries = collect_summaries(events, futures)
     actor_s = time.perf_counter() - started
 
     return end_round(run_id, k, [s.model_dump() for s in summaries], actor_s)

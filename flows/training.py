@@ -84,6 +84,6 @@ async def run_training(config: NitroConfig, run_id: str) -> dict:
             "rounds_done": ctx.trainer.next_round,
             "stop_reason": stop or "round_limit",
             "final_return_mean": history[-1]["return_mean"] if history else None,
-            "spend_usd": ctx.trainer.ledger.total_usd,
+            "spend_usd": ctx.trainer.ledger.spent_usd,
             "checkpoints": str(run_dir(config.home, run_id)),
         }

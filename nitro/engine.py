@@ -21,7 +21,7 @@ import numpy as np
 from nitro.actors.events import ActorEvent, ActorSummary, invocation_id
 from nitro.cache import TrajectoryCache
 from nitro.config import NitroConfig
-from nitro.cost import CostLedger
+from nitro.cost import ledger_from_config
 from nitro.detector import Detection, detect_on_batch
 from nitro.envs import env_spec
 from nitro.ppo import PPOLearner
@@ -72,19 +72,11 @@ class Trainer:
         self.actor_credentials = actor_credentials or {}
         self.spec = env_spec(config.env_id)
         self.learner = PPOLearner(self.spec, config.ppo, seed=config.seed, device=config.device)
-        self.scaler = make_scaler(config.scaler, seed=config.seed)
-        lam = config.backend.lambda_
-        self.ledger = CostLedger(
-            config.prices,
-            memory_mb=config.backend.memory_mb,
-            architecture=lam.architecture,
-            provisioned_concurrency=lam.provisioned_concurrency if config.backend.kind == "lambda" else 0,
-            local_actors=config.backend.kind == "local",
-        )
+        self.scaler = make_scaler(config.scaler, seed=config.seed, steps_per_actor=config.steps_per_actor)
+        self.ledger = ledger_from_config(config)
         self.next_round = 0
         self.env_steps_total = 0
         self.pending: list[str] = []  # invocation ids whose batches the next update consumes
-        self.ms_per_step: float | None = None  # measured actor speed, for the budget cap
         self.last_round_s: float | None = None
         self.history: list[dict[str, float]] = []
         # per-round scratch, not checkpointed: a round is redone whole on resume
@@ -141,22 +133,19 @@ class Trainer:
     def decide(self, k: int) -> Decision:
         """How many actors this round gets: the scaler's wish, capped by the remaining budget."""
         det = self._detection
-        signal = RoundSignal(
-            ratio_R=det.R if det is not None else None,
-            grad_noise_scale=self._update.metrics.get("grad_noise_scale"),
-            batch_size=self._update.samples or None,
-        )
+        signal = RoundSignal(R=det.R if det is not None else None,
+                             grad_noise_scale=self._update.metrics.get("grad_noise_scale"))
         wanted = int(self.scaler.decide(k, signal))
         n, reason = wanted, self.config.scaler.name
-        budget = self.config.budget_usd
-        if budget is not None:
-            per_actor = self.ledger.estimate_actor_cost(self.config.steps_per_actor, self.ms_per_step or 2.0)
-            fixed = self.ledger.estimate_learner_cost(self.last_round_s or 5.0)
-            remaining = budget - self.ledger.total_usd
-            n = cap_by_budget(wanted, remaining, per_actor, fixed)
+        remaining = self.ledger.remaining(self.config.budget_usd)
+        if remaining is not None:
+            # Upper bounds, so the ledger never passes the budget: each actor may be billed up to
+            # its timeout, and the learner's share is taken as twice the last round's wall time.
+            fixed = self.ledger.round_fixed_cost(2 * (self.last_round_s or 10.0))
+            n = cap_by_budget(wanted, remaining, self.ledger.max_actor_cost(), fixed, min_actors=1)
             if n < wanted:
-                reason = f"{reason}, capped by budget (${remaining:.4f} left)"
-        self._decision = Decision(n_actors=n, wanted=wanted, reason=reason, score=getattr(self.scaler, "last_score", None))
+                reason = f"{reason}, capped by budget (${float(remaining):.4f} left)"
+        self._decision = Decision(n_actors=n, wanted=wanted, reason=reason, score=self.scaler.last.get("score"))
         return self._decision
 
     # -- step 4 --------------------------------------------------------------------------
@@ -189,9 +178,10 @@ class Trainer:
         seen: set[str] = set()
         unique = [s for s in summaries if not (s.invocation_id in seen or seen.add(s.invocation_id))]
         ok = [s for s in unique if s.ok]
+        for s in unique:
+            if not s.ok:
+                log.warning("round %d: actor %s failed: %s", k, s.invocation_id, s.error)
         steps = sum(s.steps for s in ok)
-        if steps:
-            self.ms_per_step = 1000.0 * sum(s.duration_s for s in ok) / steps
         self.env_steps_total += steps
         cost = self.ledger.charge_round(
             k, learner_seconds=round_s,
@@ -219,9 +209,10 @@ class Trainer:
             "orchestration_s": orchestration_s,
             "round_s": round_s,
         }
-        metrics.update({f"spend_{name}_usd": float(v) for name, v in cost.components().items()})
+        for name in ("learner", "lambda_compute", "requests", "provisioned"):
+            metrics[f"spend_{name}_usd"] = float(getattr(cost, name))
         metrics["spend_round_usd"] = float(cost.total)
-        metrics["spend_total_usd"] = float(self.ledger.total_usd)
+        metrics["spend_total_usd"] = float(cost.cumulative)
         metrics.update({f"ppo/{name}": float(v) for name, v in upd.metrics.items()})
         self.history.append({"round": float(k), **metrics})
         self.pending = [s.invocation_id for s in ok]
@@ -249,7 +240,6 @@ class Trainer:
             "next_round": self.next_round,
             "env_steps_total": self.env_steps_total,
             "pending": list(self.pending),
-            "ms_per_step": self.ms_per_step,
             "last_round_s": self.last_round_s,
             "history": self.history,
             "learner": dict(zip(("tensors", "meta"), self.learner.state_dict())),
@@ -261,7 +251,6 @@ class Trainer:
         self.next_round = int(state["next_round"])
         self.env_steps_total = int(state["env_steps_total"])
         self.pending = list(state["pending"])
-        self.ms_per_step = state["ms_per_step"]
         self.last_round_s = state["last_round_s"]
         self.history = list(state["history"])
         self.learner.load_state_dict(state["learner"]["tensors"], state["learner"]["meta"])

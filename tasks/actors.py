@@ -27,13 +27,13 @@ def invoke_actor(run_id: str, event: dict) -> dict:
     return summary.model_dump()
 
 
-def summaries_from_states(events: list[dict], states: list) -> list[ActorSummary]:
-    """Turn the mapped task runs' final states into summaries; a task that failed for good is a
-    failed invocation with its reason, never a failed round."""
+def collect_summaries(events: list[dict], futures) -> list[ActorSummary]:
+    """Wait for the mapped task runs; a task that failed for good is a failed invocation with
+    its reason, never a failed round."""
     out = []
-    for event, state in zip(events, states):
-        if state.is_completed():
-            out.append(ActorSummary.model_validate(state.result()))
-        else:
-            out.append(ActorSummary.failed(event["invocation_id"], f"task {state.name}: {state.message}"))
+    for event, future in zip(events, futures):
+        try:
+            out.append(ActorSummary.model_validate(future.result()))
+        except Exception as exc:
+            out.append(ActorSummary.failed(event["invocation_id"], f"task failed: {type(exc).__name__}: {exc}"))
     return out

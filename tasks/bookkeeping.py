@@ -19,6 +19,7 @@ log = logging.getLogger("nitro")
 @task(name="end-round", cache_policy=NO_CACHE)
 def end_round(run_id: str, k: int, summaries: list[dict], actor_s: float) -> dict:
     trainer = get_run(run_id).trainer
+    _maybe_inject_failure(run_id, k)
     report = trainer.end_round(k, [ActorSummary.model_validate(s) for s in summaries], actor_s)
     return {"round": report.round, "metrics": report.metrics, "stop_reason": report.stop_reason}
 
@@ -68,3 +69,18 @@ def publish_round_table(run_id: str) -> None:
 def _slug(text: str) -> str:
     """Artifact keys allow lowercase letters, digits and dashes only."""
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:60]
+
+
+def _maybe_inject_failure(run_id: str, k: int) -> None:
+    """Test hook: ``NITRO_INJECT_FAILURE_AT_ROUND=k`` fails round k once per run (a marker file
+    in the run directory makes the retry pass), to exercise resume end to end."""
+    import os
+
+    from nitro.checkpoint import run_dir
+
+    if os.environ.get("NITRO_INJECT_FAILURE_AT_ROUND") != str(k):
+        return
+    marker = run_dir(get_run(run_id).config.home, run_id) / f"injected-failure-round-{k}"
+    if not marker.exists():
+        marker.touch()
+        raise RuntimeError(f"injected failure in round {k} (NITRO_INJECT_FAILURE_AT_ROUND)")
