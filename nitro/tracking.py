@@ -412,6 +412,15 @@ class RunTracker:
                 rows.setdefault(int(m.step), {"round": int(m.step)})[key] = m.value
         return [rows[k] for k in sorted(rows)]
 
+    def run_url(self, run_id: str) -> str:
+        """Link to the run in the MLflow UI: $MLFLOW_UI_URL, else an http(s) tracking URI, else
+        the address ``mlflow ui --backend-store-uri <this store>`` serves (127.0.0.1:5000)."""
+        base = os.environ.get("MLFLOW_UI_URL")
+        if not base and self.tracking_uri.startswith(("http://", "https://")):
+            base = self.tracking_uri
+        base = (base or "http://127.0.0.1:5000").rstrip("/")
+        return f"{base}/#/experiments/{self.experiment_id}/runs/{run_id}"
+
     # -- end of run -------------------------------------------------------------------------
 
     def log_final(

@@ -102,6 +102,8 @@ def test_start_log_reattach_same_run(tracker: RunTracker, tracking_uri: str, mon
     assert tags["nitro.cost_model"] == LOCAL_COST_MODEL
     assert tags["prefect.flow_run_url"] == "http://127.0.0.1:4200/runs/flow-run/flow-1"
     assert run.info.run_name == "nitro-run-a"
+    monkeypatch.setenv("MLFLOW_UI_URL", "http://mlflow.local:5000/")
+    assert tracker.run_url(rid) == f"http://mlflow.local:5000/#/experiments/{tracker.experiment_id}/runs/{rid}"
 
     # A resumed run: new process (new tracker), same Prefect flow run (retry) -> same MLflow run
     again = RunTracker(tracking_uri, "nitro-test")
