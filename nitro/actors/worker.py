@@ -1,0 +1,215 @@
+"""The whole actor: ``run_actor(event, state) -> ActorSummary``.
+
+Local worker processes (nitro/actors/local.py) and the Lambda handler (actor_lambda/handler.py)
+both run exactly this. It validates the event, fetches the round's weights from the trajectory
+cache, rolls out with ``nitro.rollout.rollout``, writes the batch under the invocation id and
+returns the small summary. It never raises: any failure becomes ``ActorSummary.failed`` with a
+one-line reason (never a password, never a stack trace).
+
+``ActorState`` is what survives across warm invocations of one process: Redis clients by URL,
+envs and policies by env id, and the last weights (key and decoded arrays).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from nitro.actors.events import ActorEvent, ActorSummary
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_FORMAT = "nitro.policy/1"
+BATCH_FORMAT = "nitro.batch/1"
+
+
+class CredentialsError(RuntimeError):
+    """The event's credentials reference cannot be resolved."""
+
+
+def _secret_arn_not_implemented(arn: str) -> str:
+    raise NotImplementedError(
+        "cache_credentials.secret_arn needs a secret resolver: set ActorState.secret_resolver "
+        "(the Lambda handler installs one that reads AWS Secrets Manager)"
+    )
+
+
+@dataclass
+class ActorState:
+    """What one actor process keeps between invocations (a Lambda container or a local worker)."""
+
+    memory_mb: int | None = None
+    connect_timeout_s: float = 3.0
+    # Hook for {"secret_arn": ARN} credentials: ARN -> password. The Lambda handler sets it.
+    secret_resolver: Callable[[str], str] = _secret_arn_not_implemented
+    clients: dict[tuple[str, str], Any] = field(default_factory=dict)  # (url, password tag) -> redis.Redis
+    envs: dict[str, Any] = field(default_factory=dict)  # env id -> gymnasium env
+    policies: dict[str, Any] = field(default_factory=dict)  # env id -> Policy module
+    weights_key: str | None = None
+    weights: dict[str, np.ndarray] | None = None
+    weights_meta: dict[str, str] = field(default_factory=dict)
+    invocations: int = 0
+
+    def redis_client(self, url: str, password: str | None):
+        from nitro.cache import connect_redis, password_fingerprint
+
+        key = (url, password_fingerprint(password))
+        client = self.clients.get(key)
+        if client is None:
+            # password_env=None: the event's credentials reference is the only source here.
+            client = connect_redis(url, password=password, timeout_s=self.connect_timeout_s, password_env=None,
+                                   max_connections=8)
+            self.clients[key] = client
+        return client
+
+    def resolve_password(self, credentials: dict[str, str]) -> str | None:
+        """``{}`` -> no password; ``{"env": VAR}`` -> os.environ[VAR]; ``{"secret_arn": ARN}`` -> hook."""
+        if not credentials:
+            return None
+        unknown = sorted(set(credentials) - {"env", "secret_arn"})
+        if unknown or len(credentials) != 1:
+            raise CredentialsError(f"cache_credentials must be {{'env': VAR}} or {{'secret_arn': ARN}}, got keys {sorted(credentials)}")
+        if "env" in credentials:
+            var = credentials["env"]
+            value = os.environ.get(var)
+            if not value:
+                raise CredentialsError(f"cache_credentials: environment variable {var!r} is not set")
+            return value
+        return self.secret_resolver(credentials["secret_arn"])
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            try:
+                client.close()
+                client.connection_pool.disconnect()
+            except Exception:
+                pass
+        self.clients.clear()
+        for env in self.envs.values():
+            try:
+                env.close()
+            except Exception:
+                pass
+        self.envs.clear()
+
+
+def _memory_mb(state: ActorState, memory_mb: int | None) -> int:
+    if memory_mb is not None:
+        return int(memory_mb)
+    if state.memory_mb is not None:
+        return int(state.memory_mb)
+    try:
+        return int(os.environ.get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "0"))
+    except ValueError:
+        return 0
+
+
+def _one_line_validation(exc: ValidationError) -> str:
+    errors = exc.errors()
+    first = errors[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "event"
+    msg = first["msg"].removeprefix("Value error, ")
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"invalid event: {loc}: {msg}{more}"
+
+
+def _error_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name
+
+
+def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = None, *, memory_mb: int | None = None) -> ActorSummary:
+    """Fetch the weights, roll out, write the batch, summarise. Never raises."""
+    start = time.perf_counter()
+    state = state if state is not None else ActorState()
+    mem = _memory_mb(state, memory_mb)
+    state.invocations += 1
+
+    def failed(reason: str, inv: str) -> ActorSummary:
+        duration = time.perf_counter() - start
+        return ActorSummary.failed(inv, reason, duration_s=duration, billed_ms=math.ceil(duration * 1000), memory_mb=mem)
+
+    if isinstance(event, ActorEvent):
+        ev = event
+    else:
+        raw_id = event.get("invocation_id") if isinstance(event, dict) else None
+        inv = raw_id if isinstance(raw_id, str) and raw_id else "unknown"
+        if not isinstance(event, dict):
+            return failed(f"invalid event: expected a JSON object, got {type(event).__name__}", inv)
+        try:
+            ev = ActorEvent.model_validate(event)
+        except ValidationError as exc:
+            return failed(_one_line_validation(exc), inv)
+
+    try:
+        from nitro.cache import TrajectoryCache
+        from nitro.rollout import rollout
+        from nitro.serialization import dumps_tensors, loads_tensors
+
+        password = state.resolve_password(ev.cache_credentials)
+        client = state.redis_client(ev.cache_url, password)
+        cache = TrajectoryCache(client, ev.run_id, ttl_s=ev.batch_ttl_s)
+
+        if state.weights_key != ev.weights_key or state.weights is None:
+            arrays, meta = loads_tensors(cache.fetch_weights(ev.weights_key), expect_format=WEIGHTS_FORMAT)
+            state.weights_key, state.weights, state.weights_meta = ev.weights_key, arrays, meta
+        meta = state.weights_meta
+        if meta.get("env_id") not in (None, ev.env_id):
+            return failed(f"weights {ev.weights_key!r} are for env {meta.get('env_id')!r}, the event asks for {ev.env_id!r}", ev.invocation_id)
+
+        env, policy = _env_and_policy(state, ev.env_id)
+        result = rollout(state.weights, ev.env_id, ev.seed, ev.n_steps, policy=policy, env=env)
+
+        version = meta.get("version", str(ev.round))
+        batch_meta = {
+            "env_id": ev.env_id,
+            "weights_version": int(version) if str(version).lstrip("-").isdigit() else version,
+            "invocation_id": ev.invocation_id,
+            "format": BATCH_FORMAT,
+            "run_id": ev.run_id,
+            "round": ev.round,
+            "seed": ev.seed,
+        }
+        payload = dumps_tensors(result.batch, batch_meta)
+        key, stored = cache.put_batch(ev.round, ev.invocation_id, payload)
+        if not stored:
+            log.info("duplicate delivery of %s: batch already stored, not enqueued again", ev.invocation_id)
+        summary = result.summary
+        duration = time.perf_counter() - start
+        return ActorSummary(
+            invocation_id=ev.invocation_id,
+            ok=True,
+            steps=int(summary.steps),
+            episode_returns=[float(x) for x in summary.episode_returns],
+            episode_lengths=[int(x) for x in summary.episode_lengths],
+            duration_s=duration,
+            billed_ms=math.ceil(duration * 1000),
+            batch_key=key,
+            batch_bytes=len(payload),
+            memory_mb=mem,
+        )
+    except Exception as exc:  # the actor never raises: the invoker gets one line
+        log.debug("actor %s failed", ev.invocation_id, exc_info=True)
+        return failed(_error_line(exc), ev.invocation_id)
+
+
+def _env_and_policy(state: ActorState, env_id: str):
+    """The process's env and policy for ``env_id``, built on first use and reused afterwards.
+    ``rollout`` reseeds the env and reloads the policy's weights, so reuse never changes a result."""
+    from nitro.envs import env_spec, make_env
+    from nitro.models import build_policy
+
+    if env_id not in state.envs:
+        state.envs[env_id] = make_env(env_id)
+    if env_id not in state.policies:
+        state.policies[env_id] = build_policy(env_spec(env_id))
+    return state.envs[env_id], state.policies[env_id]
