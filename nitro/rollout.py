@@ -110,7 +110,7 @@ def rollout(
         "rewards": rewards,
         "terminated": terminated,
         "bootstrap_idx": np.asarray(boot_idx, dtype=np.int64),
-        "bootstrap_obs": np.stack(boot_obs).astype(obs_dtype),
+        "bootstrap_obs": np.stack(boot_obs) if boot_obs else np.empty((0, *spec.obs_shape), obs_dtype),
     }
     summary = RolloutSummary(n_steps, returns, lengths, time.perf_counter() - start)
     return RolloutResult(batch, summary)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nitro.actors.events import ActorEvent, ActorSummary
-from nitro.cache import LocalRedisServer, TrajectoryCache, connect_redis, redact_url
+from nitro.cache import LocalRedisServer, TrajectoryCache, connect_redis, strip_password
 from nitro.checkpoint import CheckpointError, latest_round, load_checkpoint, run_dir
 from nitro.config import NitroConfig
 from nitro.engine import Trainer
@@ -96,7 +96,7 @@ def open_run(config: NitroConfig, run_id: str) -> Iterator[RunContext]:
         stack.callback(client.close)
         cache = TrajectoryCache(client, run_id, ttl_s=config.redis.ttl_s)
         creds = {"env": config.redis.password_env} if password else {}
-        trainer = Trainer(config, run_id, cache, actor_cache_url=redact_url(url), actor_credentials=creds)
+        trainer = Trainer(config, run_id, cache, actor_cache_url=strip_password(url), actor_credentials=creds)
         resumed = latest_round(config.home, run_id)
         if resumed is not None:
             _, state = load_checkpoint(config.home, run_id, resumed)

@@ -102,3 +102,14 @@ def test_episode_ends_are_recorded_not_autoreset():
 def test_other_mujoco_envs_roll_out(env_id):
     r = rollout(_weights(env_id), env_id, seed=0, n_steps=64)
     assert r.batch["actions"].shape == (64, env_spec(env_id).action_dim)
+
+
+def test_rollout_ending_on_a_termination_has_an_empty_bootstrap():
+    # Find a seed whose 20-step rollout ends exactly on a termination: Hopper falls quickly
+    # under a random policy, so scan the episode lengths of one long rollout for the first one.
+    w = _weights("Hopper-v5")
+    first = rollout(w, "Hopper-v5", seed=0, n_steps=200).summary.episode_lengths[0]
+    r = rollout(w, "Hopper-v5", seed=0, n_steps=first)
+    assert r.batch["terminated"][-1]
+    assert r.batch["bootstrap_idx"].shape == (0,)
+    assert r.batch["bootstrap_obs"].shape == (0, 11)
