@@ -1,0 +1,196 @@
+"""The Prefect pipeline in process: the real `nitro-train` flow, a real (test-harness) Prefect API,
+a real Redis and a real MLflow SQLite store, on a tiny Hopper run.
+
+What it proves (issue 3): rounds run as subflows and finish; exactly one MLflow run per training run
+(no stray runs from task threads); one value per round for each canonical metric; the whole config
+as params; final artifacts; a checkpoint per round; consumed Redis keys deleted; resume after an
+injected failure re-runs no completed round and charges no spend twice; bad input fails clearly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import pytest
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
+
+from nitro.checkpoint import checkpoint_dir
+from nitro.config import ConfigError, NitroConfig
+from nitro.tracking import CANONICAL_METRICS, TAG_RUN_ID, params_from_config
+
+pytestmark = pytest.mark.timeout(300)
+
+ROUNDS = 3
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """One Prefect API (SQLite, temporary PREFECT_HOME from conftest) for the whole session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield
+
+
+def _overrides(home: Path, uri: str, redis_url: str | None = None) -> list[str]:
+    out = [
+        f"rounds={ROUNDS}", "steps_per_actor=128", "scaler.name=fixed", "scaler.fixed_actors=2",
+        "backend.workers=2", "detector.subset_size=64", f"home={home}", f"tracking.mlflow_uri={uri}",
+    ]
+    if redis_url:
+        out.append(f"redis.url={redis_url}")
+    return out
+
+
+def _train(overrides: list[str], run_id: str) -> dict:
+    from flows.training import train
+
+    return asyncio.run(train(overrides=overrides, run_id=run_id))
+
+
+def _all_runs(uri: str) -> list:
+    client = MlflowClient(tracking_uri=uri)
+    exp_ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    return client.search_runs(exp_ids, run_view_type=ViewType.ALL, max_results=1000)
+
+
+def _check_one_value_per_round(client: MlflowClient, mlflow_run: str, rounds: int) -> None:
+    for name in CANONICAL_METRICS:
+        steps = [m.step for m in client.get_metric_history(mlflow_run, name)]
+        assert sorted(steps) == list(range(rounds)), f"{name}: steps {steps}"
+
+
+async def _flow_runs_named(name: str) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    async with get_client() as client:
+        return await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+
+
+# -- a short run -----------------------------------------------------------------------------------
+
+
+def test_short_run(prefect_api, tmp_path, redis_client, redis_url):
+    home = tmp_path / "home"
+    store = tmp_path / "not" / "yet" / "there"  # a missing MLflow store directory is created
+    assert not store.exists()
+    uri = f"sqlite:///{store}/mlflow.db"
+    run_id = "pipeline-short"
+
+    result = _train(_overrides(home, uri, redis_url), run_id)
+
+    assert result["rounds_done"] == ROUNDS and result["stop_reason"] == "round_limit"
+    assert (store / "mlflow.db").exists()
+
+    # exactly one MLflow run in the whole store: no stray runs from task threads
+    runs = _all_runs(uri)
+    assert [r.info.run_id for r in runs] == [result["mlflow_run_id"]]
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.tags[TAG_RUN_ID] == run_id
+    client = MlflowClient(tracking_uri=uri)
+    _check_one_value_per_round(client, run.info.run_id, ROUNDS)
+
+    # the whole config as params
+    config = NitroConfig.load(overrides=_overrides(home, uri, redis_url))
+    expected = params_from_config(config)
+    assert {k: run.data.params.get(k) for k in expected} == expected
+
+    # artifacts: policy, plots (PNG), checkpoint pointer, config
+    top = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"policy", "plots", "checkpoint", "config"} <= top
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "policy")] == ["policy/policy.safetensors"]
+    plots = [a.path for a in client.list_artifacts(run.info.run_id, "plots")]
+    assert plots and all(p.endswith(".png") for p in plots)
+
+    # a checkpoint per completed round
+    rounds = sorted(p.name for p in checkpoint_dir(home, run_id).iterdir() if p.name.startswith("round-"))
+    assert rounds == [f"round-{k:05d}" for k in range(ROUNDS)]
+
+    # Redis: rounds consumed by the next update are gone; only the last round's keys may remain
+    keys = sorted(k.decode() for k in redis_client.scan_iter(match=f"nitro:{run_id}:*"))
+    assert keys, "the last round's keys should still be there"
+    assert all(k.startswith(f"nitro:{run_id}:r{ROUNDS - 1:05d}:") for k in keys), keys
+
+
+# -- resume after a failure ------------------------------------------------------------------------
+
+
+def test_resume_after_injected_failure(prefect_api, tmp_path, monkeypatch):
+    from prefect.client.schemas.objects import StateType
+
+    home, uri, run_id = tmp_path / "home", f"sqlite:///{tmp_path}/mlflow.db", "pipeline-resume"
+    overrides = _overrides(home, uri)
+    monkeypatch.setenv("NITRO_INJECT_FAILURE_AT_ROUND", "1")
+
+    with pytest.raises(RuntimeError, match="injected failure in round 1"):
+        _train(overrides, run_id)
+    failed = _all_runs(uri)
+    assert len(failed) == 1 and failed[0].info.status == "FAILED"
+
+    result = _train(overrides, run_id)  # same run id: resumes after round 0
+    assert result["rounds_done"] == ROUNDS and result["stop_reason"] == "round_limit"
+
+    # round 0 ran once; round 1 twice (failed, then completed)
+    round0 = asyncio.run(_flow_runs_named(f"{run_id}-round-0"))
+    assert len(round0) == 1 and round0[0].state.type == StateType.COMPLETED
+    round1 = asyncio.run(_flow_runs_named(f"{run_id}-round-1"))
+    assert sorted(r.state.type.value for r in round1) == ["COMPLETED", "FAILED"]
+
+    # MLflow: still one run, re-attached, one value per step
+    runs = _all_runs(uri)
+    assert [r.info.run_id for r in runs] == [result["mlflow_run_id"]] == [failed[0].info.run_id]
+    assert runs[0].info.status == "FINISHED"
+    client = MlflowClient(tracking_uri=uri)
+    _check_one_value_per_round(client, result["mlflow_run_id"], ROUNDS)
+
+    # spend is not double counted: the ledger total is the sum of the per-round spends
+    per_round = [m.value for m in client.get_metric_history(result["mlflow_run_id"], "spend_round_usd")]
+    assert len(per_round) == ROUNDS
+    assert math.isclose(result["spend_usd"], sum(per_round), rel_tol=1e-9, abs_tol=1e-12)
+    total = client.get_metric_history(result["mlflow_run_id"], "spend_total_usd")
+    assert math.isclose(max(total, key=lambda m: m.step).value, result["spend_usd"], rel_tol=1e-9, abs_tol=1e-12)
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [("env_id=NoSuchEnv-v0", "env_id"), ("scaler.i_min=32", "scaler"), ("rounds=many", "rounds")],
+)
+def test_bad_config_is_one_line_naming_the_field(override, field):
+    extra = ["scaler.i_max=8"] if override.startswith("scaler.i_min") else []
+    with pytest.raises(ConfigError) as info:
+        NitroConfig.load(overrides=[override, *extra])
+    message = str(info.value)
+    assert "\n" not in message and field in message
+    if "i_min" in override:
+        assert "i_min" in message and "i_max" in message
+
+
+def test_bad_config_through_the_flow_fails_before_any_round(prefect_api, tmp_path):
+    home = tmp_path / "home"
+    with pytest.raises(ConfigError, match="env_id"):
+        _train(_overrides(home, f"sqlite:///{tmp_path}/mlflow.db") + ["env_id=NoSuchEnv-v0"], "pipeline-bad")
+    assert not (home / "runs").exists()
+
+
+def test_cli_bad_config_exits_2(capsys):
+    from nitro.cli import main
+
+    assert main(["train", "scaler.i_min=32", "scaler.i_max=8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("nitro: error:") and "i_min" in err and len(err.splitlines()) == 1
+
+
+def test_resume_unknown_run_exits_2(tmp_path, capsys):
+    from nitro.cli import main
+
+    assert main(["resume", "unknown-run", "--home", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown run id 'unknown-run'" in err and len(err.splitlines()) == 1
