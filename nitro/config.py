@@ -154,6 +154,9 @@ class NitroConfig(_Section):
     steps_per_actor: int = Field(512, ge=1)
     round_deadline_s: float = Field(600.0, gt=0, description="how long the learner waits for a round's actors")
     device: str = "cpu"
+    learner_threads: int = Field(
+        1, ge=1, description="torch threads of the learner: a 2x256 MLP gains nothing from more, and OpenMP "
+        "spin-waiting made an update 40x slower when actor processes shared the cores (measured here)")
     home: Path = Field(Path(".nitro"), description="checkpoints, local Redis data, default MLflow store")
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     impact: ImpactConfig = Field(default_factory=ImpactConfig)

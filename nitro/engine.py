@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from nitro.actors.events import ActorEvent, ActorSummary, invocation_id
 from nitro.cache import TrajectoryCache
@@ -71,6 +72,7 @@ class Trainer:
         self.actor_cache_url = actor_cache_url
         self.actor_credentials = actor_credentials or {}
         self.spec = env_spec(config.env_id)
+        torch.set_num_threads(config.learner_threads)
         self.learner = PPOLearner(self.spec, config.ppo, seed=config.seed, device=config.device)
         self.scaler = make_scaler(config.scaler, seed=config.seed, steps_per_actor=config.steps_per_actor)
         self.ledger = ledger_from_config(config)
