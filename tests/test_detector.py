@@ -4,7 +4,6 @@ random data; the degenerate cases; clean-up."""
 from __future__ import annotations
 
 import logging
-import math
 
 import numpy as np
 import pytest
