@@ -1,0 +1,1 @@
+"""Redis ACL and TLS set-up for Nitro."""

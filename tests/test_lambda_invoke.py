@@ -1,0 +1,224 @@
+"""The Lambda backend over the REAL boto3 invoke path, against the local Invoke API server
+(nitro.actors.invoke_server) running the REAL handler (actor_lambda.handler) in worker processes,
+with trajectories landing in a real Redis."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import boto3
+import pytest
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from nitro.actors.events import ActorEvent
+from nitro.actors.invoke_server import FunctionSpec, InvokeServer
+from nitro.actors.lambda_ import LambdaActorBackend, parse_report
+from nitro.actors.profile import profile_actor
+from nitro.cache import TrajectoryCache, connect_redis
+from nitro.config import LambdaConfig
+from nitro.envs import env_spec
+from nitro.models import build_policy
+from nitro.serialization import dumps_tensors, loads_tensors
+
+ENV = "Hopper-v5"
+RUN = "lam"
+
+
+@pytest.fixture(autouse=True)
+def _aws_env(monkeypatch):
+    # The local server accepts any signature, but botocore refuses to sign without credentials.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+
+@pytest.fixture(scope="module")
+def server():
+    functions = [
+        FunctionSpec("nitro-actor", concurrency=2, timeout_s=60),  # the real actor
+        FunctionSpec("nitro-actor-short", concurrency=1, timeout_s=1),  # real actor, 1 s timeout
+        FunctionSpec("nitro-actor-sim", concurrency=2, timeout_s=10, threads_per_worker=4,
+                     environment={"NITRO_SIMULATE_DURATION_S": "0.3"}, aliases={"mem512": "1", "mem1024": "2"}),
+        FunctionSpec("nitro-actor-misconfigured", concurrency=1, timeout_s=10,
+                     environment={"NITRO_SIMULATE_DURATION_S": "soon"}),
+        FunctionSpec("nitro-actor-badimage", handler="actor_lambda.no_such_module.handler", concurrency=1),
+    ]
+    with InvokeServer(functions) as srv:
+        srv.prewarm({"nitro-actor": 2, "nitro-actor-sim": 1})
+        yield srv
+
+
+@pytest.fixture()
+def weights(redis_client, redis_url):
+    cache = TrajectoryCache(connect_redis(redis_url), RUN)
+    policy = build_policy(env_spec(ENV))
+    key = cache.publish_weights(0, dumps_tensors(policy.state_dict(), {"env_id": ENV, "version": 0, "format": "nitro.policy/1"}))
+    return cache, key
+
+
+def _event(redis_url, key, i, n_steps=64, **kw):
+    return ActorEvent(run_id=RUN, round=0, invocation_id=f"{RUN}-r00000-{i:04d}", weights_key=key, env_id=ENV,
+                      seed=i, n_steps=n_steps, cache_url=redis_url, **kw)
+
+
+def _backend(server, name="nitro-actor", concurrency=2, timeout_s=60, **kw):
+    cfg = LambdaConfig(function_name=name, endpoint_url=server.url, concurrency=concurrency,
+                       function_timeout_s=max(1, int(timeout_s)), **kw)
+    return LambdaActorBackend(cfg, memory_mb=1024, timeout_s=timeout_s)
+
+
+def _raw_client(server):
+    return boto3.client("lambda", endpoint_url=server.url, region_name="us-east-1",
+                        config=Config(retries={"mode": "standard", "total_max_attempts": 1}, read_timeout=90))
+
+
+def test_client_config_follows_the_notes(server):
+    with _backend(server, concurrency=64, timeout_s=300) as be:
+        cfg = be.client.meta.config
+        assert cfg.max_pool_connections >= 64
+        assert cfg.read_timeout > 300
+        assert cfg.retries["total_max_attempts"] == 1 and cfg.retries["mode"] == "standard"
+        assert be.client.meta.endpoint_url == server.url
+
+
+def test_success_trajectories_land_in_redis(server, weights, redis_url):
+    cache, key = weights
+    events = [_event(redis_url, key, i) for i in range(3)]
+    with _backend(server) as be:
+        summaries = be.invoke_many(events)
+    assert [s.invocation_id for s in summaries] == [e.invocation_id for e in events]
+    for s, ev in zip(summaries, events):
+        assert s.ok, s.error
+        assert s.steps == 64 and s.memory_mb == 1024
+        assert s.batch_key == cache.batch_key(0, ev.invocation_id)
+        data = cache.get_batch(0, ev.invocation_id)
+        arrays, meta = loads_tensors(data, expect_format="nitro.batch/1")
+        assert arrays["rewards"].shape == (64,) and meta["invocation_id"] == ev.invocation_id
+        assert s.billed_ms >= 1
+    assert sorted(x.decode() for x in cache.client.lrange(cache.done_key(0), 0, -1)) == sorted(e.invocation_id for e in events)
+
+
+def test_raw_invoke_headers_and_billed_duration(server, weights, redis_url):
+    _, key = weights
+    client = _raw_client(server)
+    resp = client.invoke(FunctionName="nitro-actor", Payload=_event(redis_url, key, 9).model_dump_json(), LogType="Tail")
+    assert resp["StatusCode"] == 200 and resp["ExecutedVersion"] == "$LATEST" and "FunctionError" not in resp
+    log = base64.b64decode(resp["LogResult"]).decode()
+    assert "REPORT RequestId:" in log and "Billed Duration:" in log
+    report = parse_report(resp["LogResult"])
+    assert report["billed_ms"] >= 1 and report["memory_mb"] == 1024
+    assert json.loads(resp["Payload"].read())["ok"] is True
+    # The backend takes billed_ms from that REPORT line.
+    with _backend(server) as be:
+        s = be.invoke(_event(redis_url, key, 10))
+    assert s.ok and s.billed_ms >= int(s.duration_s * 1000)
+
+
+def test_duplicate_delivery_counts_once(server, weights, redis_url):
+    cache, key = weights
+    ev = _event(redis_url, key, 20)
+    with _backend(server) as be:
+        first = be.invoke(ev)
+        again = be.invoke(ev)  # e.g. a retried Prefect task
+        many = be.invoke_many([ev, _event(redis_url, key, 21), ev])
+        assert be.stats["invocations"] == 2  # 20 and 21 once each
+    assert first.ok and again == first
+    assert [s.invocation_id for s in many] == [ev.invocation_id, f"{RUN}-r00000-0021"]
+    # A second delivery that does reach the function (another client) is stored/enqueued once.
+    resp = _raw_client(server).invoke(FunctionName="nitro-actor", Payload=ev.model_dump_json())
+    assert json.loads(resp["Payload"].read())["ok"] is True
+    done = [x.decode() for x in cache.client.lrange(cache.done_key(0), 0, -1)]
+    assert done.count(ev.invocation_id) == 1
+
+
+def test_bad_event_is_a_clear_failed_summary(server, redis_url):
+    with _backend(server) as be:
+        s = be.invoke({"invocation_id": "lam-r00000-0099", "run_id": "lam", "round": 0, "env_id": "Nope-v0"})
+    assert not s.ok and s.error.startswith("invalid event:") and "Traceback" not in s.error
+    assert be.stats["function_errors"] == 0
+
+
+def test_function_error_misconfigured_function(server, weights, redis_url):
+    _, key = weights
+    with _backend(server, name="nitro-actor-misconfigured") as be:
+        s = be.invoke(_event(redis_url, key, 30))
+    assert not s.ok and "function error (ConfigurationError)" in s.error and "NITRO_SIMULATE_DURATION_S" in s.error
+    assert be.stats["function_errors"] == 1
+    with _backend(server, name="nitro-actor-badimage") as be:
+        s = be.invoke(_event(redis_url, key, 31))
+    assert not s.ok and "Runtime.ImportModuleError" in s.error
+
+
+def test_timeout_is_reported_as_lambda_reports_it(server, weights, redis_url):
+    cache, key = weights
+    with _backend(server, name="nitro-actor-short", timeout_s=1) as be:
+        s = be.invoke(_event(redis_url, key, 41, n_steps=1_000_000))
+    # {"errorType": "Sandbox.Timedout", "errorMessage": "RequestId: ... Error: Task timed out after 1.00 seconds"}
+    assert not s.ok and "Lambda timed out (Sandbox.Timedout)" in s.error and "Task timed out after 1.00 seconds" in s.error
+    assert s.billed_ms == 1000  # from the REPORT line: a timeout bills the whole timeout
+    assert cache.get_batch(0, f"{RUN}-r00000-0041") is None
+    stats = server.stats("nitro-actor-short")["nitro-actor-short"]
+    assert stats["timeouts"] == 1 and stats["workers"] == 0  # the execution environment was destroyed
+
+
+def test_throttle_burst_is_retried_until_it_succeeds(server, weights, redis_url):
+    """Server concurrency 2 < client concurrency 8: 429s, jittered retries, every batch stored."""
+    cache, key = weights
+    before = server.stats("nitro-actor-sim")["nitro-actor-sim"]["throttles"]
+    events = [_event(redis_url, key, 100 + i) for i in range(10)]
+    with _backend(server, name="nitro-actor-sim", concurrency=8, timeout_s=60, max_throttle_retries=30) as be:
+        summaries = be.invoke_many(events)
+        assert be.stats["throttled"] > 0
+    assert all(s.ok for s in summaries), [s.error for s in summaries if not s.ok]
+    assert server.stats("nitro-actor-sim")["nitro-actor-sim"]["throttles"] > before
+    for ev in events:
+        assert cache.get_batch(0, ev.invocation_id) is not None
+
+
+def test_throttle_gives_up_with_a_reason(server, weights, redis_url):
+    _, key = weights
+    events = [_event(redis_url, key, 200 + i) for i in range(6)]
+    with _backend(server, name="nitro-actor-sim", concurrency=6, timeout_s=5, max_throttle_retries=0) as be:
+        summaries = be.invoke_many(events)
+    failed = [s for s in summaries if not s.ok]
+    assert failed and all("throttled by Lambda (TooManyRequestsException" in s.error for s in failed)
+    assert sum(s.ok for s in summaries) >= 2
+
+
+def test_oversize_request_is_413(server, redis_url):
+    big = {"invocation_id": "lam-r00000-0300", "padding": "x" * (6 * 1024 * 1024 + 10)}
+    with pytest.raises(ClientError) as info:
+        _raw_client(server).invoke(FunctionName="nitro-actor", Payload=json.dumps(big))
+    assert info.value.response["Error"]["Code"] == "RequestEntityTooLargeException"
+    assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 413
+    with _backend(server) as be:
+        s = be.invoke(big)
+    assert not s.ok and "payload too large" in s.error
+
+
+def test_unknown_function_and_qualifier(server, weights, redis_url):
+    _, key = weights
+    with _backend(server, name="no-such-function") as be:
+        s = be.invoke(_event(redis_url, key, 400))
+    assert not s.ok and "ResourceNotFoundException" in s.error
+    with _backend(server, name="nitro-actor-sim", qualifier="mem512") as be:
+        assert be.invoke(_event(redis_url, key, 401)).ok
+    with _backend(server, name="nitro-actor-sim", qualifier="nope") as be:
+        assert "ResourceNotFoundException" in be.invoke(_event(redis_url, key, 402)).error
+
+
+def test_profile_actor_over_lambda_aliases(server, weights, redis_url):
+    _, key = weights
+
+    def factory(memory_mb: int) -> LambdaActorBackend:
+        cfg = LambdaConfig(function_name="nitro-actor-sim", qualifier=f"mem{memory_mb}", endpoint_url=server.url,
+                           concurrency=2, function_timeout_s=10)
+        return LambdaActorBackend(cfg, memory_mb=memory_mb, timeout_s=10)
+
+    report = profile_actor(factory, [1024, 512], _event(redis_url, key, 500), repeats=2, warmup=1)
+    assert [s.memory_mb for s in report.sizes] == [512, 1024]
+    assert all(s.failures == 0 and s.median_ms >= 300 for s in report.sizes)
+    # The same simulated duration at both sizes: the smaller one is cheaper and not slower.
+    assert report.recommended_mb == 512, report.table()
