@@ -105,6 +105,12 @@ class LambdaConfig(_Section):
     function_timeout_s: int = Field(300, ge=1, le=900)
     provisioned_concurrency: int = Field(0, ge=0)
     max_throttle_retries: int = Field(8, ge=0)
+    actor_cache_url: str | None = Field(
+        None, description="Redis URL the functions use, as the actor ACL user (rediss://nitro-actor@host:6379/0?...); "
+        "no password inside. None: the learner's URL")
+    redis_secret_arn: str | None = Field(
+        None, description="Secrets Manager secret holding the actor user's password; sent to the functions as "
+        "cache_credentials={'secret_arn': ...}. None: cache_credentials as for local actors")
 
 
 class BackendConfig(_Section):
