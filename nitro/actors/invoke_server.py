@@ -268,6 +268,7 @@ class _Worker:
 
     def _on_exit(self) -> None:
         self.dead = True
+        self.process.join(0.5)  # so that exitcode is known
         if not self.ready.done():
             self.ready.set_result(None)
         code = self.process.exitcode
@@ -556,7 +557,6 @@ class InvokeServer:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         req_id = next(_REQ_IDS)
-        start = time.perf_counter()
         try:
             init_ms = await asyncio.wait_for(asyncio.shield(worker.ready), timeout=spec.timeout_s + 60)
         except asyncio.TimeoutError:
@@ -569,10 +569,9 @@ class InvokeServer:
             pool.release(worker)
             return self._function_error(request_id, version, {"errorType": "Runtime.ExitError",
                                         "errorMessage": f"RequestId: {request_id} Error: Runtime exited without providing a reason"}, None, spec, request)
-        remaining = spec.timeout_s - 0.0
         tail = request.headers.get("X-Amz-Log-Type") == "Tail"
         try:
-            res: _Result = await asyncio.wait_for(asyncio.shield(fut), timeout=remaining)
+            res: _Result = await asyncio.wait_for(asyncio.shield(fut), timeout=spec.timeout_s)
         except asyncio.TimeoutError:
             pool.stats["timeouts"] += 1
             if spec.threads_per_worker <= 1:
@@ -606,7 +605,6 @@ class InvokeServer:
         if res.func_error:
             pool.stats["function_errors"] += 1
             headers["X-Amz-Function-Error"] = "Unhandled"
-        del start
         return web.Response(status=200, body=res.body, headers=headers)
 
     def _function_error(self, request_id, version, doc, lines, spec, request):
