@@ -81,6 +81,16 @@ def load_run_config(home: str | Path, run_id: str) -> NitroConfig:
     return NitroConfig.from_yaml(path)
 
 
+def actor_cache_access(config: NitroConfig, learner_url: str, password: str | None) -> tuple[str, dict[str, str]]:
+    """The Redis URL and credentials reference actors get. Lambda actors connect as their own ACL
+    user with its password in Secrets Manager where configured; never a password in an event."""
+    lam = config.backend.lambda_
+    if config.backend.kind == "lambda" and lam.actor_cache_url:
+        creds = {"secret_arn": lam.redis_secret_arn} if lam.redis_secret_arn else {}
+        return strip_password(lam.actor_cache_url), creds
+    return strip_password(learner_url), ({"env": config.redis.password_env} if password else {})
+
+
 @contextlib.contextmanager
 def open_run(config: NitroConfig, run_id: str) -> Iterator[RunContext]:
     """Open everything a run needs; restore its latest checkpoint if there is one."""
@@ -95,8 +105,8 @@ def open_run(config: NitroConfig, run_id: str) -> Iterator[RunContext]:
         client = connect_redis(url, password=password, timeout_s=config.redis.connect_timeout_s)
         stack.callback(client.close)
         cache = TrajectoryCache(client, run_id, ttl_s=config.redis.ttl_s)
-        creds = {"env": config.redis.password_env} if password else {}
-        trainer = Trainer(config, run_id, cache, actor_cache_url=strip_password(url), actor_credentials=creds)
+        actor_url, creds = actor_cache_access(config, url, password)
+        trainer = Trainer(config, run_id, cache, actor_cache_url=actor_url, actor_credentials=creds)
         resumed = latest_round(config.home, run_id)
         if resumed is not None:
             _, state = load_checkpoint(config.home, run_id, resumed)

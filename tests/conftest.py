@@ -38,3 +38,12 @@ def redis_client(redis_server):
     client.flushall()
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """One Prefect API (SQLite, in the temporary PREFECT_HOME above) for the whole session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield

@@ -26,15 +26,6 @@ pytestmark = pytest.mark.timeout(300)
 ROUNDS = 3
 
 
-@pytest.fixture(scope="session")
-def prefect_api():
-    """One Prefect API (SQLite, temporary PREFECT_HOME from conftest) for the whole session."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=90):
-        yield
-
-
 def _overrides(home: Path, uri: str, redis_url: str | None = None) -> list[str]:
     out = [
         f"rounds={ROUNDS}", "steps_per_actor=128", "scaler.name=fixed", "scaler.fixed_actors=2",
