@@ -4,6 +4,8 @@
     nitro resume RUN_ID [--home DIR]                             continue a failed run
     nitro compare [--experiment NAME] [--tag key=value ...]      table of runs from MLflow
     nitro config [-c config.yaml] [key=value ...]                print the validated config
+    nitro profile-actor [-c config.yaml] --memory 512,1024,...   pick the cheapest actor memory
+    nitro deploy-lambda [...]                                    create/update the Lambda actor
 
 Runs go through Prefect: with no ``PREFECT_API_URL`` set, Prefect starts a temporary local API
 server on SQLite for the duration of the command.
@@ -87,11 +89,44 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile_actor(args: argparse.Namespace) -> int:
+    """Invoke the actor at several memory sizes (paper §7) and recommend the cheapest that is
+    not slower. Lambda: one alias per size, ``mem<N>`` (``nitro deploy-lambda --profile-memory``)."""
+    from nitro.actors.profile import profile_actor
+    from nitro.config import NitroConfig
+    from nitro.runtime import make_backend, open_run
+
+    config = NitroConfig.from_yaml(args.config, args.overrides)
+    sizes = [int(m) for m in args.memory.split(",")]
+
+    def factory(memory_mb: int):
+        cfg = config.model_copy(deep=True)
+        cfg.backend.memory_mb = memory_mb
+        if cfg.backend.kind == "lambda":
+            cfg.backend.lambda_.qualifier = f"mem{memory_mb}"
+        else:
+            cfg.backend.workers = 1
+        return make_backend(cfg)
+
+    with open_run(config.model_copy(update={"backend": config.backend.model_copy(update={"workers": 1})}),
+                  "profile-actor") as ctx:
+        template = ctx.trainer.actor_events(0, 1, ctx.trainer.publish_weights(0))[0]
+        report = profile_actor(factory, sizes, template, repeats=args.repeats)
+    print(report.table())
+    return 0
+
+
 def _print_result(result: dict) -> None:
     ret = result.get("final_return_mean")
     print(f"run {result['run_id']}: {result['rounds_done']} rounds, stopped by {result['stop_reason']}, "
           f"final mean return {ret if ret is None else round(ret, 1)}, spend ${result['spend_usd']:.4f}")
     print(f"  MLflow run: {result['mlflow_run_id']}   checkpoints: {result['checkpoints']}")
+
+
+def _cmd_experiment(args: argparse.Namespace) -> int:
+    from nitro.experiment import cmd_experiment
+
+    return cmd_experiment(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,16 +150,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default=None)
     p.set_defaults(func=cmd_compare)
 
+    p = sub.add_parser("experiment", help="run an experiment spec (matrix of training runs) and write its report")
+    p.add_argument("spec", help="experiment spec YAML (see examples/study_hopper.yaml)")
+    p.add_argument("--sensitivity", action="store_true", help="also run the spec's sensitivity sweep (paper 8.4)")
+    p.add_argument("--report-dir", default=None, help="default: the spec's report_dir, else docs/results/<name>")
+    p.add_argument("--fail-fast", action="store_true", help="stop at the first failing cell")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every cell, e.g. home=/data")
+    p.set_defaults(func=_cmd_experiment)
+
     p = sub.add_parser("config", help="print the validated config")
     p.add_argument("-c", "--config")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("profile-actor", help="profile the actor at several memory sizes")
+    p.add_argument("-c", "--config")
+    p.add_argument("--memory", default="512,1024,1769,2048,3008", help="comma-separated MB")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=cmd_profile_actor)
+
+    sub.add_parser("deploy-lambda", help="create or update the Lambda actor (see docs/deploy-aws.md)", add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     _prefect_defaults()
     _setup_logging()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["deploy-lambda"]:  # its own parser and --help
+        from deployments.deploy_lambda import main as deploy_main
+
+        return deploy_main(argv[1:])
     args = build_parser().parse_args(argv)
     from nitro.cache import CacheError
     from nitro.checkpoint import CheckpointError
