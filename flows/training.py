@@ -16,7 +16,7 @@ from typing import Literal
 from prefect import flow, runtime
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.round import training_round
+from flows.round import asynchronous_round, training_round
 from nitro.checkpoint import run_dir
 from nitro.config import NitroConfig
 from nitro.runtime import open_run
@@ -60,7 +60,8 @@ async def train(
 
 async def run_training(config: NitroConfig, run_id: str) -> dict:
     """The loop over rounds, shared by the deployment's flow and ``nitro train|resume``."""
-    round_flow = training_round.with_options(
+    off_policy_async = config.algo == "impact" and config.impact.asynchronous
+    round_flow = (asynchronous_round if off_policy_async else training_round).with_options(
         task_runner=ThreadPoolTaskRunner(max_workers=max(config.scaler.i_max, config.scaler.fixed_actors) + 4))
     with open_run(config, run_id) as ctx:
         attach_mlflow(run_id)

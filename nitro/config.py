@@ -59,6 +59,10 @@ class ImpactConfig(_Section):
     replay_max_reuse: int = Field(2, ge=1, description="K: each batch is trained on at most K times")
     minibatch_size: int = Field(512, ge=1)
     max_grad_norm: float = Field(0.5, gt=0)
+    epochs: int = Field(2, ge=1, description="passes over each update's data (new + replayed batches)")
+    replay_ratio: float = Field(1.0, ge=0, description="replayed batches per new batch in an update")
+    asynchronous: bool = Field(True, description="update while the round's actors run (paper §4); "
+                               "False: update on the previous round's batches first, like PPO")
 
 
 ScalerName = Literal["nitro", "fixed", "always", "hydrozoa", "kungfu", "random"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from nitro.config import NitroConfig
 from nitro.cost import ledger_from_config
 from nitro.detector import Detection, detect_on_batch
 from nitro.envs import env_spec
+from nitro.impact import ImpactLearner
 from nitro.ppo import PPOLearner
 from nitro.scalers import RoundSignal, cap_by_budget, make_scaler
 from nitro.serialization import SerializationError, dumps_tensors, loads_tensors
@@ -73,7 +75,11 @@ class Trainer:
         self.actor_credentials = actor_credentials or {}
         self.spec = env_spec(config.env_id)
         torch.set_num_threads(config.learner_threads)
-        self.learner = PPOLearner(self.spec, config.ppo, seed=config.seed, device=config.device)
+        if config.algo == "impact":
+            self.learner = ImpactLearner(self.spec, config.impact, seed=config.seed, device=config.device)
+        else:
+            self.learner = PPOLearner(self.spec, config.ppo, seed=config.seed, device=config.device)
+        self.asynchronous = config.algo == "impact" and config.impact.asynchronous
         self.scaler = make_scaler(config.scaler, seed=config.seed, steps_per_actor=config.steps_per_actor)
         self.ledger = ledger_from_config(config)
         self.next_round = 0
@@ -86,27 +92,34 @@ class Trainer:
         self._detection: Detection | None = None
         self._decision: Decision | None = None
         self._round_start = 0.0
+        self._actors_done = threading.Event()
+        self._current_round: int | None = None
+
+    def _begin(self, k: int) -> None:
+        """Reset the per-round scratch when round k's first step runs (which step comes first
+        depends on the algorithm's round shape)."""
+        if self._current_round == k:
+            return
+        self._current_round = k
+        self._round_start = time.perf_counter()
+        self._update, self._detection, self._decision = UpdateReport(), None, None
+        self._actors_done.clear()
 
     # -- step 1 --------------------------------------------------------------------------
 
     def update_policy(self, k: int) -> UpdateReport:
         """Collect the previous round's batches (until the deadline) and update the policy."""
-        self._round_start = time.perf_counter()
-        self._detection = None
+        self._begin(k)
+        if self.asynchronous:  # off-policy: the update runs while this round's actors act
+            return self._update
         if not self.pending:
             self._update = UpdateReport()
             return self._update
         t0 = time.perf_counter()
         collected = self.cache.collect(k - 1, set(self.pending), deadline_s=self.config.round_deadline_s)
-        batches, corrupt = [], []
-        for inv_id, payload in sorted(collected.batches.items()):
-            try:
-                batch, _ = loads_tensors(payload, expect_format="nitro.batch/1")
-                batches.append(batch)
-            except SerializationError as exc:
-                log.warning("round %d: dropped corrupt batch %s: %s", k, inv_id, exc)
-                corrupt.append(inv_id)
-        report = UpdateReport(batches=len(batches), missing=sorted(collected.missing), corrupt=corrupt)
+        report = UpdateReport(missing=sorted(collected.missing))
+        batches = self._decode(k, collected.batches, report)
+        report.batches = len(batches)
         if collected.missing:
             log.warning("round %d: %d of %d batches missing at the deadline", k, len(collected.missing), len(self.pending))
         if batches:
@@ -120,10 +133,12 @@ class Trainer:
 
     def detect(self, k: int) -> Detection | None:
         """Hessian extremes of the surrogate on a subset of the batch just trained on."""
-        if not self.config.detector.enabled or self._update.samples == 0:
+        self._begin(k)
+        data = getattr(self.learner, "last_batch", None)
+        fresh = self.asynchronous or self._update.samples > 0  # async: the batch of the last update
+        if not self.config.detector.enabled or data is None or not fresh:
             self._detection = None
             return None
-        data = self.learner.last_batch  # the tensors the update just trained on
         self._detection = detect_on_batch(
             self.learner, data, n_total=len(data["rewards"]), subset_size=self.config.detector.subset_size,
             steps=self.config.detector.lanczos_steps, seed=self.config.seed + k,
@@ -134,6 +149,7 @@ class Trainer:
 
     def decide(self, k: int) -> Decision:
         """How many actors this round gets: the scaler's wish, capped by the remaining budget."""
+        self._begin(k)
         det = self._detection
         signal = RoundSignal(R=det.R if det is not None else None,
                              grad_noise_scale=self._update.metrics.get("grad_noise_scale"))
@@ -171,6 +187,54 @@ class Trainer:
                 batch_ttl_s=self.config.redis.ttl_s,
             ))
         return events
+
+    def learn_while_acting(self, k: int, expected_ids: list[str]) -> UpdateReport:
+        """Off-policy step 1, overlapping step 4 (paper §4): update on each batch of this round as
+        it lands in the cache; while nothing new has landed, replay from the buffer; stop when
+        every batch is in, or the actors are done and nothing more came, or at the deadline."""
+        deadline = time.perf_counter() + self.config.round_deadline_s
+        waiting, report, busy = set(expected_ids), UpdateReport(), 0.0
+        updates = replays = 0
+        wait_s = 0.0
+        while waiting and time.perf_counter() < deadline:
+            got = self.cache.collect(k, waiting, deadline_s=wait_s)
+            waiting -= set(got.batches)
+            batches = self._decode(k, got.batches, report)
+            started = time.perf_counter()
+            if batches:
+                report.metrics = self.learner.update(batches)
+                report.samples += int(sum(len(b["rewards"]) for b in batches))
+                report.batches += len(batches)
+                updates += 1
+            elif self.learner.replay_update() is not None:
+                replays += 1
+            elif self._actors_done.is_set():
+                break  # nothing landed, nothing to replay, and no actor will write any more
+            else:
+                wait_s = 0.2  # nothing to learn from: block on the cache for a moment
+                continue
+            busy += time.perf_counter() - started
+            wait_s = 0.0
+        report.missing = sorted(waiting)
+        report.seconds = busy
+        report.metrics = {**report.metrics, "updates": float(updates), "replay_updates": float(replays),
+                          "learner_busy_s": busy}
+        self._update = report
+        return report
+
+    def actors_finished(self) -> None:
+        """Tell ``learn_while_acting`` that no more batches are coming this round."""
+        self._actors_done.set()
+
+    def _decode(self, k: int, payloads: dict[str, bytes], report: UpdateReport) -> list[dict]:
+        batches = []
+        for inv_id, payload in sorted(payloads.items()):
+            try:
+                batches.append(loads_tensors(payload, expect_format="nitro.batch/1")[0])
+            except SerializationError as exc:
+                log.warning("round %d: dropped corrupt batch %s: %s", k, inv_id, exc)
+                report.corrupt.append(inv_id)
+        return batches
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -215,14 +279,28 @@ class Trainer:
             metrics[f"spend_{name}_usd"] = float(getattr(cost, name))
         metrics["spend_round_usd"] = float(cost.total)
         metrics["spend_total_usd"] = float(cost.cumulative)
-        metrics.update({f"ppo/{name}": float(v) for name, v in upd.metrics.items()})
+        metrics.update({f"{self.config.algo}/{name}": float(v) for name, v in upd.metrics.items()})
         self.history.append({"round": float(k), **metrics})
-        self.pending = [s.invocation_id for s in ok]
+        self.pending = [] if self.asynchronous else [s.invocation_id for s in ok]
         self.last_round_s = round_s
         self.next_round = k + 1
         if k >= 1:
             self.cache.delete_round(k - 1)  # consumed by this round's update
         return RoundReport(k, metrics, self.stop_reason(metrics))
+
+    def record_wall_time(self, k: int, round_wall_s: float) -> dict[str, float]:
+        """Round k's wall time as the orchestrator measured it, around the whole round flow; the
+        part not spent learning, detecting or acting is orchestration. Off-policy, the update
+        overlaps the actors, so only its tail after them counts."""
+        row = self.history[-1]
+        assert int(row["round"]) == k, f"round {k} is not the last recorded ({row['round']})"
+        learning = row["learner_s"]
+        if self.asynchronous:
+            learning = max(0.0, learning - row["actor_s"])
+        work = learning + row["detection_s"] + row["actor_s"]
+        row["round_s"] = round_wall_s
+        row["orchestration_s"] = max(0.0, round_wall_s - work)
+        return {key: v for key, v in row.items() if key != "round"}
 
     def stop_reason(self, metrics: dict[str, float]) -> str | None:
         cfg = self.config

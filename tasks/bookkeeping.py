@@ -32,11 +32,7 @@ def record_round(run_id: str, k: int, round_wall_s: float) -> str | None:
     MLflow's per-step de-duplication keeps that from logging a value twice."""
     ctx = get_run(run_id)
     trainer = ctx.trainer
-    row = trainer.history[-1]
-    work = row["learner_s"] + row["detection_s"] + row["actor_s"]
-    row["round_s"] = round_wall_s
-    row["orchestration_s"] = max(0.0, round_wall_s - work)
-    metrics = {k_: v for k_, v in row.items() if k_ != "round"}
+    metrics = trainer.record_wall_time(k, round_wall_s)
     tracker, mlflow_run = ctx.extras.get("tracker"), ctx.extras.get("mlflow_run_id")
     if tracker is not None:
         tracker.log_round(mlflow_run, k, metrics)

@@ -1,0 +1,252 @@
+"""An experiment: every cell of a matrix (env × algo × scaler × seed) as a training run, then a report.
+
+Cells run in this process, one after another (``run_training`` directly: a laptop's cores go to
+each run's actors). Each cell is an MLflow run nested under ONE parent MLflow run (tag
+``mlflow.parentRunId``); the parent is created with ``MlflowClient`` (never the fluent API) and
+found again by its tag ``nitro.experiment_parent`` on a re-run.
+
+Resumable: a cell's run id is deterministic (``nitro.experiment.cell_run_id``), so re-running the
+flow (or retrying its flow run) finds each cell's checkpoints. A cell whose checkpoint reached its
+stop (round limit, budget or target) is skipped; a cell that failed mid-way resumes from its last
+completed round. A failing cell does not stop the others (``fail_fast=False``); the flow fails at
+the end, after writing the report of what finished, so a retry only redoes what is missing.
+
+``random`` cells get the measured mean actors per round of their (env, algo, seed)'s nitro cell,
+which the run order puts first (see ``nitro/experiment.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, runtime
+from prefect.artifacts import acreate_link_artifact, acreate_markdown_artifact
+
+from nitro.experiment import (
+    Cell,
+    ExperimentSpec,
+    build_report,
+    cell_config,
+    cell_run_id,
+    cell_state,
+    expand_cells,
+    load_spec,
+    mark_done,
+    mean_actors_per_round,
+    nitro_partner,
+    saved_config_mismatch,
+)
+from nitro.tracking import RunTracker, default_tracking_uri
+
+log = logging.getLogger("nitro")
+
+TAG_PARENT = "nitro.experiment_parent"
+TAG_EXPERIMENT = "nitro.experiment"
+TAG_CELL = "nitro.cell"
+TAG_LABEL = "nitro.cell_label"
+TAG_PARENT_RUN = "mlflow.parentRunId"
+TAG_PARENT_FLOW_RUN = "nitro.experiment_flow_run_id"
+
+
+class ExperimentFailed(RuntimeError):
+    pass
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:50]
+
+
+def ensure_parent_run(tracker: RunTracker, spec: ExperimentSpec, flow_run_id: str | None) -> str:
+    """The experiment's parent MLflow run: found by tag, else created (MlflowClient only)."""
+    from mlflow.entities import ViewType
+
+    client = tracker.client
+    found = client.search_runs([tracker.experiment_id], filter_string=f"tags.`{TAG_PARENT}` = '{spec.name}'",
+                               run_view_type=ViewType.ACTIVE_ONLY, order_by=["attributes.start_time ASC"],
+                               max_results=1)
+    tags = {TAG_PARENT: spec.name, TAG_EXPERIMENT: spec.name, "mlflow.runName": f"experiment-{spec.name}",
+            "compare": spec.compare}
+    # Not `prefect.flow_run_id`: RunTracker.find_run falls back to that tag, and a cell would
+    # then re-attach to the parent run instead of creating its own.
+    if flow_run_id:
+        tags[TAG_PARENT_FLOW_RUN] = flow_run_id
+    if found:
+        run_id = found[0].info.run_id
+        if found[0].info.status != "RUNNING":
+            client.update_run(run_id, status="RUNNING")
+        if flow_run_id:
+            client.set_tag(run_id, TAG_PARENT_FLOW_RUN, flow_run_id)
+        return run_id
+    run = client.create_run(tracker.experiment_id, run_name=f"experiment-{spec.name}", tags=tags)
+    import yaml
+
+    client.log_text(run.info.run_id, yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False),
+                    "experiment/spec.yaml")
+    client.log_param(run.info.run_id, "compare", spec.compare)
+    client.log_param(run.info.run_id, "budget_usd" if spec.compare == "budget" else "rounds",
+                     spec.budget_usd if spec.compare == "budget" else spec.rounds)
+    return run.info.run_id
+
+
+def _attach_cell(tracker: RunTracker, config, run_id: str, cell: Cell, parent: str) -> str:
+    """Create (or find) the cell's MLflow run nested under the parent, before ``run_training``
+    attaches to it by its ``nitro.run_id`` tag (which also records the Prefect flow run)."""
+    from nitro.cost import ledger_from_config
+
+    tags = {TAG_PARENT_RUN: parent, TAG_EXPERIMENT: tracker.experiment_name, TAG_CELL: cell.key, TAG_LABEL: cell.label,
+            **ledger_from_config(config).tags()}
+    mlflow_run = tracker.start_or_attach(None, run_id, config, tags=tags)
+    current = tracker.client.get_run(mlflow_run).data.tags
+    missing = {k: v for k, v in tags.items() if current.get(k) != v and k.startswith(("mlflow.", "nitro."))}
+    for k, v in missing.items():
+        tracker.client.set_tag(mlflow_run, k, v)
+    return mlflow_run
+
+
+@flow(name="nitro-experiment", persist_result=False, log_prints=True)
+async def experiment(
+    spec_path: str | None = None,
+    spec: dict | None = None,
+    sensitivity: bool = False,
+    overrides: list[str] | None = None,
+    report_dir: str | None = None,
+    fail_fast: bool = False,
+) -> dict:
+    """Run every cell of an experiment spec (YAML path or mapping), then write and log the report.
+
+    ``sensitivity``: also run the spec's ``sensitivity`` sweep (paper §8.4). ``overrides``: dotted
+    config overrides for every cell (e.g. ``home=/data/nitro``). ``report_dir``: default the
+    spec's ``report_dir``, else ``docs/results/<name>``."""
+    if (spec_path is None) == (spec is None):
+        raise ValueError("give exactly one of spec_path or spec")
+    parsed = load_spec(spec_path if spec_path is not None else spec, overrides or [])
+    return await run_experiment(parsed, sensitivity=sensitivity, report_dir=report_dir, fail_fast=fail_fast)
+
+
+async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, report_dir: str | os.PathLike | None = None,
+                         fail_fast: bool = False) -> dict:
+    from flows.training import run_training
+
+    cells = expand_cells(spec, sensitivity=sensitivity)
+    first = cell_config(spec, cells[0])
+    uri = first.tracking.mlflow_uri or default_tracking_uri(first)
+    tracker = RunTracker(uri, spec.name)
+    flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
+    parent = ensure_parent_run(tracker, spec, flow_run_id)
+    log.info("experiment %s: %d cells, MLflow parent run %s", spec.name, len(cells), parent)
+
+    results: dict[str, dict[str, Any]] = {}
+    notes: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    for i, cell in enumerate(cells, 1):
+        run_id = cell_run_id(spec.name, cell)
+        random_mean = None
+        if cell.scaler == "random":
+            partner = nitro_partner(cell)
+            if partner.key in failed:
+                failed[cell.key] = f"skipped: its nitro cell {partner.key} failed"
+                log.warning("cell %d/%d %s: %s", i, len(cells), cell.key, failed[cell.key])
+                continue
+            random_mean = mean_actors_per_round(cell_config(spec, partner), cell_run_id(spec.name, partner))
+            if random_mean is not None:
+                notes[cell.key] = f"random_mean_actors={random_mean:.3f}, measured on {partner.key}"
+        config = cell_config(spec, cell, random_mean)
+        if cell.scaler == "random" and random_mean is None:
+            own = config.scaler.random_mean_actors
+            notes[cell.key] = (f"no nitro cell to match; random_mean_actors={own} from the base config" if own is not None
+                               else f"no nitro cell to match; random_boost_prob={config.scaler.random_boost_prob}")
+        state, done_rounds = cell_state(config, run_id)
+        if state == "done":
+            log.info("cell %d/%d %s: finished earlier (%d rounds), skipped", i, len(cells), cell.key, done_rounds)
+            _close_if_left_running(tracker, run_id)
+            results[cell.key] = {"run_id": run_id, "state": "skipped", "rounds_done": done_rounds}
+            continue
+        mismatch = saved_config_mismatch(config, run_id)
+        if mismatch:
+            failed[cell.key] = mismatch
+            log.error("cell %d/%d %s: %s", i, len(cells), cell.key, mismatch)
+            if fail_fast:
+                break
+            continue
+        log.info("cell %d/%d %s: %s (run %s)", i, len(cells), cell.key,
+                 "resuming after round %d" % done_rounds if state == "partial" else "starting", run_id)
+        try:
+            _attach_cell(tracker, config, run_id, cell, parent)
+            result = await run_training(config, run_id)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one cell failing must not stop the study
+            failed[cell.key] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            log.exception("cell %d/%d %s failed", i, len(cells), cell.key)
+            if fail_fast:
+                break
+            continue
+        mark_done(config, run_id, result)
+        results[cell.key] = {**result, "state": "ran"}
+        ret = result.get("final_return_mean")
+        log.info("cell %d/%d %s: %d rounds, %s, final return %s, spend $%.4f", i, len(cells), cell.key,
+                 result["rounds_done"], result["stop_reason"],
+                 "n/a" if ret is None or (isinstance(ret, float) and math.isnan(ret)) else f"{ret:.1f}",
+                 result["spend_usd"])
+
+    out_dir = Path(report_dir or spec.report_dir or Path("docs/results") / spec.name)
+    notes.update({k: f"FAILED: {v}" for k, v in failed.items()})
+    report = build_report(spec, cells, uri, out_dir, parent_run_id=parent, notes=notes)
+    client = tracker.client
+    client.log_artifacts(parent, str(out_dir), "report")
+    for s in report.summary:
+        if s.get("sensitivity"):
+            continue
+        key = _slug(f"{s['env']}-{s['algo']}-{s['label']}").replace("-", "_")
+        for name in ("final_return_mean", "total_spend_usd_mean"):
+            if isinstance(s[name], float) and math.isfinite(s[name]):
+                client.log_metric(parent, f"{key}/{name}", s[name])
+    client.set_terminated(parent, status="FAILED" if failed else "FINISHED")
+
+    mlflow_url = tracker.run_url(parent)
+    await acreate_link_artifact(mlflow_url, link_text=f"MLflow parent run of experiment {spec.name}",
+                         key=f"nitro-experiment-{_slug(spec.name)}-mlflow",
+                         description="The experiment's report is logged under the run's artifacts, in report/")
+    await acreate_markdown_artifact(
+        f"# Nitro experiment `{spec.name}`\n\n"
+        f"Report: [MLflow parent run]({mlflow_url}) (artifacts → `report/README.md`), "
+        f"and on disk at `{out_dir.resolve()}`.\n\n"
+        f"{len(cells)} cells: {sum(r['state'] == 'ran' for r in results.values())} ran, "
+        f"{sum(r['state'] == 'skipped' for r in results.values())} skipped (finished earlier), {len(failed)} failed.\n\n"
+        + _summary_markdown(report),
+        key=f"nitro-experiment-{_slug(spec.name)}",
+        description=f"Nitro experiment {spec.name}: summary and link to the full report",
+    )
+    outcome = {
+        "experiment": spec.name,
+        "parent_run_id": parent,
+        "tracking_uri": uri,
+        "report_dir": str(out_dir),
+        "report_files": [str(p) for p in report.files],
+        "cells": {c.key: cell_run_id(spec.name, c) for c in cells},
+        "results": results,
+        "failed": failed,
+    }
+    if failed:
+        raise ExperimentFailed(f"{len(failed)} of {len(cells)} cells failed ({'; '.join(f'{k}: {v}' for k, v in list(failed.items())[:3])}); "
+                               "re-run the same command to resume them")
+    return outcome
+
+
+def _summary_markdown(report) -> str:
+    from nitro.experiment import format_summary
+
+    main = [s for s in report.summary if not s.get("sensitivity")]
+    return format_summary(main) if main else "No finished cells."
+
+
+def _close_if_left_running(tracker: RunTracker, run_id: str) -> None:
+    """A cell whose checkpoint reached its stop but whose process died before closing its
+    MLflow run: mark the run FINISHED (its metrics are all there; the checkpoint is on disk)."""
+    mlflow_run = tracker.find_run(run_id)
+    if mlflow_run is not None and tracker.client.get_run(mlflow_run).info.status == "RUNNING":
+        tracker.client.set_terminated(mlflow_run, status="FINISHED")
