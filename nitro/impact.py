@@ -109,7 +109,8 @@ from nitro.ppo import (
     entropy_bonus,
     explained_variance,
     kl_penalty,
-    noise_scale_from_norms,
+    gradient_noise_scale,
+    minibatch_indices,
     successor_layout,
     training_rewards,
 )
@@ -542,9 +543,7 @@ class ImpactLearner:
             self._target_refreshed = False
 
     def _minibatches(self, n: int, rng: np.random.Generator) -> list[torch.Tensor]:
-        n_mb = max(1, round(n / self.cfg.minibatch_size))
-        perm = torch.as_tensor(rng.permutation(n), device=self.device)
-        return list(torch.tensor_split(perm, n_mb))
+        return minibatch_indices(n, self.cfg.minibatch_size, rng, self.device)
 
     def _policy_loss(self, data: dict[str, torch.Tensor], idx: torch.Tensor) -> torch.Tensor:
         """Policy-only part of impact_loss on a minibatch."""
@@ -556,24 +555,9 @@ class ImpactLearner:
         return surrogate + self.kl_coef * kl_penalty(old, dist) - self.cfg.entropy_coef * entropy_bonus(dist)
 
     def _grad_noise_scale(self, data: dict[str, torch.Tensor], minibatches: list[torch.Tensor]) -> dict[str, float]:
-        """B_simple from per-minibatch policy gradients at the pre-update parameters (as PPOLearner)."""
-        nan = float("nan")
-        if len(minibatches) < 2 or not _setting(self.cfg, "grad_noise_scale"):
-            return {"grad_noise_scale": nan, "grad_noise_tr_sigma": nan, "grad_sq_norm": nan}
-        params = self.policy_parameters()
-        total = [torch.zeros_like(p) for p in params]
-        sq_norms = []
-        for idx in minibatches:
-            grads = torch.autograd.grad(self._policy_loss(data, idx), params, allow_unused=True)
-            grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
-            sq_norms.append(sum(float((g.double() ** 2).sum()) for g in grads))
-            for acc, g in zip(total, grads):
-                acc.add_(g)
-        big_sq = sum(float(((acc / len(minibatches)).double() ** 2).sum()) for acc in total)
-        b_small = float(np.mean([len(i) for i in minibatches]))
-        b_big = float(sum(len(i) for i in minibatches))
-        tr_sigma, g_sq, b_simple = noise_scale_from_norms(float(np.mean(sq_norms)), big_sq, b_small, b_big)
-        return {"grad_noise_scale": b_simple, "grad_noise_tr_sigma": tr_sigma, "grad_sq_norm": g_sq}
+        if not _setting(self.cfg, "grad_noise_scale"):
+            minibatches = minibatches[:1]  # fewer than two: reported as NaN
+        return gradient_noise_scale(lambda idx: self._policy_loss(data, idx), self.policy_parameters(), minibatches)
 
     def _train(self, new: list[dict[str, np.ndarray]], replayed: list[dict[str, np.ndarray]]) -> dict[str, float]:
         cfg = self.cfg

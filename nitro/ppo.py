@@ -344,6 +344,37 @@ def prepare_batches(
 # ---------------------------------------------------------------------------------------------
 
 
+def minibatch_indices(n: int, minibatch_size: int, rng: np.random.Generator, device: str | torch.device = "cpu") -> list[torch.Tensor]:
+    """A fresh permutation split into near-equal minibatches (no runt minibatch of 1 sample,
+    whose advantage normalisation would be meaningless)."""
+    n_mb = max(1, round(n / minibatch_size))
+    perm = torch.as_tensor(rng.permutation(n), device=device)
+    return list(torch.tensor_split(perm, n_mb))
+
+
+def gradient_noise_scale(policy_loss: Callable[[torch.Tensor], torch.Tensor], params: Sequence[torch.Tensor],
+                         minibatches: list[torch.Tensor]) -> dict[str, float]:
+    """B_simple from per-minibatch policy gradients, all taken at the current (pre-update)
+    parameters, so that parameter drift during the epochs is not mistaken for noise. One extra
+    forward/backward per minibatch: about 1/epochs of an update's cost."""
+    if len(minibatches) < 2:
+        nan = float("nan")
+        return {"grad_noise_scale": nan, "grad_noise_tr_sigma": nan, "grad_sq_norm": nan}
+    total = [torch.zeros_like(p) for p in params]
+    sq_norms = []
+    for idx in minibatches:
+        grads = torch.autograd.grad(policy_loss(idx), params, allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+        sq_norms.append(sum(float((g.double() ** 2).sum()) for g in grads))
+        for acc, g in zip(total, grads):
+            acc.add_(g)
+    big_sq = sum(float(((acc / len(minibatches)).double() ** 2).sum()) for acc in total)
+    b_small = float(np.mean([len(i) for i in minibatches]))
+    b_big = float(sum(len(i) for i in minibatches))
+    tr_sigma, g_sq, b_simple = noise_scale_from_norms(float(np.mean(sq_norms)), big_sq, b_small, b_big)
+    return {"grad_noise_scale": b_simple, "grad_noise_tr_sigma": tr_sigma, "grad_sq_norm": g_sq}
+
+
 class RunningMeanStd:
     """Running mean/variance of scalars (parallel Welford merge), for the reward scale."""
 
@@ -417,11 +448,7 @@ class PPOLearner:
     # -- the update -----------------------------------------------------------------------------
 
     def _minibatches(self, n: int, rng: np.random.Generator) -> list[torch.Tensor]:
-        """A fresh permutation split into near-equal minibatches (no runt minibatch of 1 sample,
-        whose advantage normalisation would be meaningless)."""
-        n_mb = max(1, round(n / self.cfg.minibatch_size))
-        perm = torch.as_tensor(rng.permutation(n), device=self.device)
-        return list(torch.tensor_split(perm, n_mb))
+        return minibatch_indices(n, self.cfg.minibatch_size, rng, self.device)
 
     def _policy_loss(self, data: dict[str, torch.Tensor], idx: torch.Tensor) -> torch.Tensor:
         """Policy-only part of ppo_loss on a minibatch (advantages normalised within it)."""
@@ -432,26 +459,7 @@ class PPOLearner:
         return surrogate + self.kl_coef * kl_penalty(old, dist) - self.cfg.entropy_coef * entropy_bonus(dist)
 
     def _grad_noise_scale(self, data: dict[str, torch.Tensor], minibatches: list[torch.Tensor]) -> dict[str, float]:
-        """B_simple from per-minibatch policy gradients, all taken at the pre-update parameters (so
-        that parameter drift during the epochs is not mistaken for noise). One extra
-        forward/backward per minibatch: about 1/epochs of the update's cost."""
-        if len(minibatches) < 2:
-            nan = float("nan")
-            return {"grad_noise_scale": nan, "grad_noise_tr_sigma": nan, "grad_sq_norm": nan}
-        params = self.policy_parameters()
-        total = [torch.zeros_like(p) for p in params]
-        sq_norms = []
-        for idx in minibatches:
-            grads = torch.autograd.grad(self._policy_loss(data, idx), params, allow_unused=True)
-            grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
-            sq_norms.append(sum(float((g.double() ** 2).sum()) for g in grads))
-            for acc, g in zip(total, grads):
-                acc.add_(g)
-        big_sq = sum(float(((acc / len(minibatches)).double() ** 2).sum()) for acc in total)
-        b_small = float(np.mean([len(i) for i in minibatches]))
-        b_big = float(sum(len(i) for i in minibatches))
-        tr_sigma, g_sq, b_simple = noise_scale_from_norms(float(np.mean(sq_norms)), big_sq, b_small, b_big)
-        return {"grad_noise_scale": b_simple, "grad_noise_tr_sigma": tr_sigma, "grad_sq_norm": g_sq}
+        return gradient_noise_scale(lambda idx: self._policy_loss(data, idx), self.policy_parameters(), minibatches)
 
     def update(self, batches: Sequence[dict[str, np.ndarray]]) -> dict[str, float]:
         """One PPO update on a round's batches; returns metrics (floats).
