@@ -1,0 +1,267 @@
+"""Experiments (issue 7): spec validation, matrix expansion, deterministic cell ids, and a tiny real
+experiment through the Prefect flow (real Prefect test API, real Redis, real MLflow SQLite store):
+one parent MLflow run with the cells nested under it, the report files, `nitro compare` printing
+the report's numbers, and a re-run that skips the finished cells."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
+
+from nitro.experiment import (
+    Cell,
+    ExperimentError,
+    cell_config,
+    cell_run_id,
+    cell_state,
+    expand_cells,
+    load_spec,
+    sensitivity_cells,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _spec(**over) -> dict:
+    spec = {
+        "name": "unit",
+        "base": {"env_id": "Hopper-v5", "steps_per_actor": 64},
+        "matrix": {"env": ["Hopper-v5"], "scaler": ["fixed", "random", "nitro"], "seed": [0, 1]},
+        "compare": "rounds",
+        "rounds": 3,
+    }
+    spec.update(over)
+    return spec
+
+
+# -- spec validation -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"compare": "budget"}, "budget_usd"),
+        ({"compare": "rounds", "rounds": None}, "rounds needs rounds"),
+        ({"budget_usd": 1.0}, "takes no budget_usd"),
+        ({"compare": "cost"}, "compare"),
+        ({"name": "bad name!"}, "name"),
+        ({"matrix": {"env": ["Hopper-v5"], "scaler": ["warp"], "seed": [0]}}, "matrix.scaler"),
+        ({"matrix": {"env": ["Hopper-v5"], "scaler": ["nitro"], "seed": [0, 0]}}, "duplicate"),
+        ({"matrix": {"env": ["NoSuchEnv-v0"], "scaler": ["nitro"], "seed": [0]}}, "env_id"),
+        ({"base": {"ppo": {"lr": -1}}}, "ppo.lr"),
+        ({"base": {"rounds": 5}}, "base.rounds"),
+        ({"overrides": ["scaler.i_min=99"]}, "i_min"),
+        ({"sensitivity": {"sweep": {"ppo.lr": [1e-4]}}}, "cannot sweep"),
+        ({"sensitivity": {"sweep": {"scaler.decay": [1.5]}}}, "scaler.decay"),
+        ({"extra_key": 1}, "extra_key"),
+    ],
+)
+def test_bad_spec_is_one_clear_line(change, needle):
+    with pytest.raises(ExperimentError) as info:
+        load_spec(_spec(**change))
+    msg = str(info.value)
+    assert "\n" not in msg and needle in msg, msg
+
+
+def test_spec_file_errors(tmp_path):
+    with pytest.raises(ExperimentError, match="not found"):
+        load_spec(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("name: [unclosed\n")
+    with pytest.raises(ExperimentError, match="not valid YAML"):
+        load_spec(tmp_path / "bad.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(ExperimentError, match="mapping"):
+        load_spec(tmp_path / "list.yaml")
+
+
+def test_example_study_spec_is_valid():
+    spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / "study_hopper.yaml")
+    assert spec.compare == "budget" and set(spec.matrix.scaler) == {"nitro", "fixed", "always", "random"}
+    assert len(spec.matrix.seed) >= 3 and spec.matrix.env == ["Hopper-v5"] and spec.matrix.algo == ["ppo"]
+    configs = [cell_config(spec, c) for c in expand_cells(spec)]
+    assert {c.budget_usd for c in configs} == {spec.budget_usd}
+    assert len(expand_cells(spec, sensitivity=True)) > len(configs)
+
+
+# -- matrix expansion and cell ids -----------------------------------------------------------------
+
+
+def test_matrix_expansion_order_and_ids():
+    spec = load_spec(_spec())
+    cells = expand_cells(spec)
+    assert len(cells) == 6
+    # per seed, nitro runs first (random needs its measured mean actors), random after it
+    assert [c.scaler for c in cells] == ["nitro", "fixed", "random"] * 2
+    assert [c.seed for c in cells] == [0, 0, 0, 1, 1, 1]
+    ids = [cell_run_id(spec.name, c) for c in cells]
+    assert len(set(ids)) == 6
+    assert ids == [cell_run_id("unit", c) for c in expand_cells(load_spec(_spec()))]  # deterministic
+    assert all(i.startswith("unit-hopper-v5-ppo-") and i.replace("-", "").isalnum() and i == i.lower() for i in ids)
+    assert cell_run_id("other", cells[0]) != ids[0]  # the experiment name is part of the id
+    assert ids[0] == cell_run_id("unit", Cell("Hopper-v5", "ppo", "nitro", 0))
+
+
+def test_cell_config_compare_modes():
+    spec = load_spec(_spec())
+    cfg = cell_config(spec, Cell("Hopper-v5", "ppo", "random", 1), random_mean_actors=12.5)
+    assert (cfg.rounds, cfg.budget_usd, cfg.seed, cfg.scaler.name) == (3, None, 1, "random")
+    assert cfg.scaler.random_mean_actors == 12.5 and cfg.tracking.experiment == "unit"
+    spec = load_spec(_spec(compare="budget", rounds=None, budget_usd=0.05, max_rounds=40))
+    cfg = cell_config(spec, Cell("Hopper-v5", "ppo", "nitro", 0))
+    assert (cfg.rounds, cfg.budget_usd) == (40, 0.05)
+
+
+def test_cell_configs_do_not_leak_into_each_other():
+    spec = load_spec(_spec(base={"env_id": "Hopper-v5", "scaler": {"i_max": 32}}))
+    before = json.dumps(spec.base, sort_keys=True)
+    cell_config(spec, Cell("Hopper-v5", "ppo", "random", 0), random_mean_actors=20.0)
+    cfg = cell_config(spec, Cell("Hopper-v5", "ppo", "nitro", 1))
+    assert cfg.scaler.random_mean_actors is None and cfg.scaler.i_max == 32
+    assert json.dumps(spec.base, sort_keys=True) == before
+
+
+def test_sensitivity_expansion_reuses_base_value_cells():
+    spec = load_spec(_spec(base={"env_id": "Hopper-v5", "scaler": {"window": 6}},
+                           sensitivity={"seeds": [0], "sweep": {"scaler.decay": [0.9, 0.96],
+                                                                "detector.subset_size": [256]}}))
+    main = expand_cells(spec)
+    cells = expand_cells(spec, sensitivity=True)
+    assert cells[: len(main)] == main
+    extra = cells[len(main):]
+    # decay 0.96 is the base value: the main nitro cell is reused, not run twice
+    assert [c.key for c in extra] == ["Hopper-v5/ppo/nitro/seed=0/scaler.decay=0.9",
+                                      "Hopper-v5/ppo/nitro/seed=0/detector.subset_size=256"]
+    cfg = cell_config(spec, extra[0])
+    assert cfg.scaler.decay == 0.9 and cfg.scaler.name == "nitro"
+    groups = sensitivity_cells(spec, cells)
+    assert [c.key for c in groups["scaler.decay"][0.96]] == ["Hopper-v5/ppo/nitro/seed=0"]
+    assert set(groups["detector.subset_size"]) == {256, 1024}
+
+
+# -- a tiny real experiment through the flow ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield
+
+
+def _tiny(tmp_path: Path, redis_url: str) -> tuple[dict, str]:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    spec = {
+        "name": "tiny",
+        "base": {"env_id": "Hopper-v5", "steps_per_actor": 64, "backend": {"workers": 2},
+                 "detector": {"subset_size": 64},
+                 "scaler": {"fixed_actors": 2, "i_min": 2, "i_max": 4},
+                 "home": str(tmp_path / "home"), "tracking": {"mlflow_uri": uri}, "redis": {"url": redis_url}},
+        "matrix": {"env": ["Hopper-v5"], "algo": ["ppo"], "scaler": ["nitro", "random"], "seed": [0, 1]},
+        "compare": "rounds",
+        "rounds": 2,
+    }
+    return spec, uri
+
+
+def test_tiny_experiment_through_the_flow(prefect_api, tmp_path, redis_url):
+    from flows.experiment import experiment
+    from nitro.cli import main
+
+    spec, uri = _tiny(tmp_path, redis_url)
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(spec))
+    out_dir = tmp_path / "report"
+
+    result = asyncio.run(experiment(spec_path=str(tmp_path / "tiny.yaml"), report_dir=str(out_dir)))
+    assert not result["failed"]
+    assert [r["state"] for r in result["results"].values()] == ["ran"] * 4
+
+    # one parent run, four cell runs nested under it, all finished, in the experiment `tiny`
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("tiny")
+    runs = client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL, max_results=100)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.run_id == result["parent_run_id"]
+    assert len(children) == 4 and {r.data.tags["mlflow.parentRunId"] for r in children} == {result["parent_run_id"]}
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert sorted(r.data.tags["nitro.run_id"] for r in children) == sorted(result["cells"].values())
+    assert len(client.search_runs([e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)],
+                                  run_view_type=ViewType.ALL, max_results=100)) == 5  # no stray runs anywhere
+
+    # random cells matched their nitro cell's measured mean actors per round
+    for r in children:
+        if r.data.tags["scaler"] == "random":
+            assert 2 <= float(r.data.params["scaler.random_mean_actors"]) <= 4
+
+    # report files, logged to the parent run too
+    names = {p.name for p in out_dir.iterdir()}
+    for stem in ("return-vs-round", "return-vs-spend", "actors-per-round", "final-return", "total-spend"):
+        assert f"hopper-v5-ppo-{stem}.png" in names
+        assert (out_dir / f"hopper-v5-ppo-{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {"README.md", "runs.csv", "rounds.csv", "summary.csv", "results.json"} <= names
+    logged = {a.path for a in client.list_artifacts(result["parent_run_id"], "report")}
+    assert "report/README.md" in logged and "report/hopper-v5-ppo-return-vs-spend.png" in logged
+    results = json.loads((out_dir / "results.json").read_text())
+    assert results["machine"]["packages"]["torch"] and len(results["runs"]) == 4
+    summary = {s["label"]: s for s in results["summary"]}
+    assert set(summary) == {"nitro", "random"} and all(s["n"] == 2 for s in summary.values())
+    readme = (out_dir / "README.md").read_text()
+    assert "±" in readme and "Machine and versions" in readme
+
+    # `nitro compare --experiment tiny` prints the same numbers as the report
+    # (not capsys: Prefect's console log handler, created during the flow, would keep its closed stream)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["compare", "--experiment", "tiny", "--tracking-uri", uri]) == 0
+    printed = buf.getvalue()
+    for run in results["runs"]:
+        line = next(ln for ln in printed.splitlines() if ln.startswith(run["run_name"]))
+        assert f"{run['total_spend_usd']:.4f}" in line
+        if run["final_return"] is not None:
+            assert f"{run['final_return']:.2f}" in line
+        assert f"| {run['run_name']} |" in readme
+    for label, s in summary.items():
+        vals = [r["final_return"] for r in results["runs"] if r["label"] == label and r["final_return"] is not None]
+        if vals:
+            assert math.isclose(s["final_return_mean"], sum(vals) / len(vals), rel_tol=1e-12)
+
+    # re-running skips every finished cell and keeps one parent run
+    again = asyncio.run(experiment(spec=spec, report_dir=str(out_dir)))
+    assert [r["state"] for r in again["results"].values()] == ["skipped"] * 4
+    assert again["parent_run_id"] == result["parent_run_id"]
+    assert len(client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL, max_results=100)) == 5
+
+
+def test_partial_cell_resumes_from_its_checkpoint(prefect_api, tmp_path, redis_url, monkeypatch):
+    """A cell that failed mid-way resumes from its checkpoint; the other cells still run."""
+    from flows.experiment import ExperimentFailed, experiment
+
+    spec, uri = _tiny(tmp_path, redis_url)
+    spec["matrix"] = {"env": ["Hopper-v5"], "scaler": ["fixed"], "seed": [0]}
+    parsed = load_spec(spec)
+    cell = expand_cells(parsed)[0]
+    cfg, run_id = cell_config(parsed, cell), cell_run_id("tiny", cell)
+
+    monkeypatch.setenv("NITRO_INJECT_FAILURE_AT_ROUND", "1")
+    with pytest.raises(ExperimentFailed, match="1 of 1 cells failed"):
+        asyncio.run(experiment(spec=spec, report_dir=str(tmp_path / "r")))
+    assert cell_state(cfg, run_id) == ("partial", 1)
+
+    again = asyncio.run(experiment(spec=spec, report_dir=str(tmp_path / "r")))
+    assert again["results"][cell.key]["state"] == "ran" and again["results"][cell.key]["rounds_done"] == 2
+    assert cell_state(cfg, run_id) == ("done", 2)
+    client = MlflowClient(tracking_uri=uri)
+    child = client.search_runs([client.get_experiment_by_name("tiny").experiment_id],
+                               filter_string="tags.`nitro.run_id` = '%s'" % run_id)
+    assert len(child) == 1 and child[0].info.status == "FINISHED"
+    assert sorted(m.step for m in client.get_metric_history(child[0].info.run_id, "round")) == [0, 1]
