@@ -13,6 +13,8 @@ os.environ.setdefault("PREFECT_HOME", os.path.join(_TMP_HOME, "prefect"))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 os.environ.setdefault("MUJOCO_GL", "disable")
+os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE", "100")
+os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE", "100")
 os.environ.pop("NITRO_REDIS_URL", None)
 
 
