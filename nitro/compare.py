@@ -98,7 +98,7 @@ def compare_runs(
         token = page.token
         if not token:
             break
-    rows = [_row(r, names) for r in runs if TAG_RUN_ID in r.data.tags]
+    rows = [_row(client, r, names) for r in runs if TAG_RUN_ID in r.data.tags]
     if not include_unfinished:
         rows = [r for r in rows if r["status"] == "FINISHED"]
     rows.sort(key=lambda r: (str(r["env"]), str(r["algo"]), str(r["scaler"]), _seed_key(r["seed"]), str(r["run_name"])))
@@ -112,7 +112,7 @@ def _seed_key(seed: Any) -> tuple[int, str]:
         return (1 << 62, str(seed))
 
 
-def _row(run, experiment_names: Mapping[str, str]) -> dict[str, Any]:
+def _row(client: MlflowClient, run, experiment_names: Mapping[str, str]) -> dict[str, Any]:
     tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
     row: dict[str, Any] = {
         "run_name": run.info.run_name or tags.get(TAG_RUN_ID),
@@ -125,7 +125,10 @@ def _row(run, experiment_names: Mapping[str, str]) -> dict[str, Any]:
     last_round = metrics.get(SENTINEL_METRIC)
     row["rounds_done"] = int(last_round) + 1 if last_round is not None else 0
     row["rounds_limit"] = _int_or_none(params.get("rounds"))
-    row["final_return"] = metrics.get("return_mean")
+    # A budget stop ends with a round that launched no actors (return_mean NaN): the final return
+    # is that of the last round with finished episodes.
+    final = metrics.get("return_mean")
+    row["final_return"] = final if _finite(final) else last_finite_metric(client, run.info.run_id, "return_mean")
     row["total_spend_usd"] = metrics.get("spend_total_usd")
     row["env_steps_total"] = metrics.get("env_steps_total")
     row["status"] = run.info.status
@@ -135,6 +138,19 @@ def _row(run, experiment_names: Mapping[str, str]) -> dict[str, Any]:
         else None
     )
     return row
+
+
+def last_finite_metric(client: MlflowClient, mlflow_run_id: str, key: str) -> float | None:
+    """The value at the highest step whose value is finite (None if there is none)."""
+    pts = [(m.step, m.timestamp, m.value) for m in client.get_metric_history(mlflow_run_id, key) if _finite(m.value)]
+    return float(max(pts)[2]) if pts else None
+
+
+def _finite(v: Any) -> bool:
+    try:
+        return v is not None and math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
 
 
 def _int_or_none(v: Any) -> int | None:

@@ -7,6 +7,7 @@ Loaded from YAML (``NitroConfig.from_yaml``), overridden from the command line w
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Literal
 
@@ -189,7 +190,7 @@ class NitroConfig(_Section):
     @classmethod
     def load(cls, data: dict[str, Any] | None = None, overrides: list[str] | None = None) -> "NitroConfig":
         """Validate ``data`` with dotted ``key=value`` overrides applied; raise ConfigError."""
-        merged = dict(data or {})
+        merged = copy.deepcopy(dict(data or {}))  # overrides write into nested dicts: never the caller's
         for item in overrides or []:
             _apply_override(merged, item)
         try:

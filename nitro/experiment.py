@@ -434,31 +434,15 @@ def experiment_rows(tracking_uri: str, spec: ExperimentSpec, cells: Sequence[Cel
     and ``variant`` added. Sorted as compare sorts them."""
     from nitro.compare import compare_runs
 
-    from mlflow.tracking import MlflowClient
-
     by_run = {cell_run_id(spec.name, c): c for c in cells}
-    client = MlflowClient(tracking_uri=tracking_uri)
     rows = []
     for row in compare_runs(tracking_uri, spec.name):
         cell = by_run.get(row.get("nitro_run_id"))
         if cell is None:
             continue
-        row = {**row, "cell": cell.key, "label": cell.label, "variant": dict(cell.variant),
-               "final_return_source": "compare"}
-        if not _finite(row.get("final_return")):
-            # A budget stop ends with a round that launched no actors, so its return_mean is NaN,
-            # and compare_runs (latest value) reports NaN. Use the last round that has a return.
-            last = last_finite_metric(client, row["mlflow_run_id"], "return_mean")
-            if last is not None:
-                row["final_return"], row["final_return_source"] = last, "last round with episodes"
+        row = {**row, "cell": cell.key, "label": cell.label, "variant": dict(cell.variant)}
         rows.append(row)
     return rows
-
-
-def last_finite_metric(client, mlflow_run_id: str, key: str) -> float | None:
-    """The value at the highest step whose value is finite (None if there is none)."""
-    pts = [(m.step, m.timestamp, m.value) for m in client.get_metric_history(mlflow_run_id, key) if _finite(m.value)]
-    return float(max(pts)[2]) if pts else None
 
 
 def _finite(v: Any) -> bool:
@@ -665,11 +649,8 @@ def build_report(
                "upper bounds: twice the last round's learner time and each actor's timeout-bounded cost, so "
                "cells with long (boosted) rounds leave more of the budget unspent; read the total spend "
                "column next to the return.", ""]
-    patched = [r["run_name"] for r in rows if r.get("final_return_source") != "compare"]
-    if patched:
-        md += [f"Note: for {len(patched)} run(s) ({', '.join(patched[:6])}{' ...' if len(patched) > 6 else ''}) the "
-               "last round launched no actors (a budget stop), so `nitro compare` reads a NaN final return "
-               "there; this report uses the last round with episodes.", ""]
+    md += ["The final return of a run is that of its last round with finished episodes (a budget stop "
+           "ends with a round that launched no actors); `nitro compare` reads it the same way.", ""]
 
     def add(path: Path) -> str:
         report.files.append(path)

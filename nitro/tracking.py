@@ -271,13 +271,8 @@ class RunTracker:
 
     def find_run(self, nitro_run_id: str, prefect_flow_run_id: str | None = None) -> str | None:
         """The MLflow run id of this training run, or None."""
+        # Only by Nitro's run id: one Prefect flow run may train several runs (an experiment).
         runs = self._search(TAG_RUN_ID, nitro_run_id)
-        if not runs and prefect_flow_run_id:
-            runs = [
-                r
-                for r in self._search(TAG_FLOW_RUN_ID, prefect_flow_run_id)
-                if r.data.tags.get(TAG_RUN_ID) in (None, "", nitro_run_id)
-            ]
         return runs[0].info.run_id if runs else None
 
     # -- start / attach ---------------------------------------------------------------------

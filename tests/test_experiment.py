@@ -150,14 +150,6 @@ def test_sensitivity_expansion_reuses_base_value_cells():
 # -- a tiny real experiment through the flow ---------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=90):
-        yield
-
-
 def _tiny(tmp_path: Path, redis_url: str) -> tuple[dict, str]:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     spec = {
