@@ -201,11 +201,15 @@ class CostLedger:
         return self.invocation_cost(math.ceil(D(steps) * D(ms_per_step)))
 
     def max_actor_cost(self) -> Decimal:
-        """The most one invocation can be billed: ``max_billed_ms`` (the timeout) on demand, plus
-        one request. An upper bound, which is what ``cap_by_budget`` needs for its guarantee."""
+        """The most one invocation can be billed: ``max_billed_ms`` (the timeout) at the dearer of
+        the on-demand and (where configured) provisioned duration rates, plus one request. An
+        upper bound, which is what ``cap_by_budget`` needs for its guarantee."""
         if self.max_billed_ms is None:
             raise ValueError("max_actor_cost needs max_billed_ms (the function timeout)")
-        return self.invocation_cost(self.max_billed_ms)
+        worst = self.invocation_cost(self.max_billed_ms)
+        if self.provisioned_concurrency:
+            worst = max(worst, self.invocation_cost(self.max_billed_ms, provisioned=True))
+        return worst
 
     def round_fixed_cost(self, learner_seconds: float | Decimal, provisioned_seconds: float | Decimal = 0) -> Decimal:
         """The part of a round's cost that does not scale with its actors: learner time plus the

@@ -167,3 +167,19 @@ def test_budget_cap_against_the_ledger():
     # 0.0069 - 0.0068 = 0.0001 pays for 5 actors (5 x 0.0000168667 = 0.0000843335), not 6
     assert cap_by_budget(64, Decimal("0.0069"), per_actor, fixed) == 5
     assert cap_by_budget(64, Decimal("0.0069"), per_actor, fixed, min_actors=8) == 0  # stop
+
+
+def test_max_actor_cost_bounds_provisioned_invocations_too():
+    # Found by the budget property test: with a provisioned duration rate above the on-demand one
+    # (odd prices, but configurable), the bound must use the dearer rate.
+    from decimal import Decimal
+
+    from nitro.config import PriceTable
+    from nitro.cost import CostLedger
+
+    prices = PriceTable(lambda_gb_s_x86=0.0, provisioned_duration_gb_s=1e-10, lambda_per_million_requests=0.0)
+    ledger = CostLedger(prices, memory_mb=1024, provisioned_concurrency=1, max_billed_ms=1000)
+    worst = ledger.max_actor_cost()
+    assert worst == ledger.invocation_cost(1000, provisioned=True) == Decimal("1E-10")
+    ledger.charge_round(0, 0, [1000])
+    assert ledger.spent <= worst
