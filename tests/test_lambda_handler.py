@@ -264,3 +264,19 @@ def test_actor_over_tls_with_the_least_privilege_acl_user(monkeypatch):
         with pytest.raises(Exception):
             connect_redis(plain, password=actor_pw, timeout_s=1.0)
         H.STATE.close()
+
+
+def test_atari_event_sends_uint8_frames_to_redis_not_the_response(redis_client, redis_url):
+    env_id = "ALE/Qbert-v5"
+    cache = TrajectoryCache(connect_redis(redis_url), RUN)
+    policy = build_policy(env_spec(env_id))
+    key = cache.publish_weights(4, dumps_tensors(policy.state_dict(), {"env_id": env_id, "version": 4,
+                                                                       "format": "nitro.policy/1"}))
+    out = H.handler(_event(redis_url, key, 7, round=4, invocation_id=f"{RUN}-r00004-0007", env_id=env_id,
+                           n_steps=64), Ctx())
+    s = ActorSummary.model_validate(out)
+    assert s.ok, s.error
+    assert len(json.dumps(out)) < 2048  # the summary only: Lambda's 6 MB response limit is far away
+    arrays, _ = loads_tensors(cache.get_batch(4, s.invocation_id), expect_format="nitro.batch/1")
+    assert arrays["obs"].dtype.name == "uint8" and arrays["obs"].shape == (64, 4, 84, 84)
+    assert s.batch_bytes == len(cache.get_batch(4, s.invocation_id)) < 64 * 4 * 84 * 84 + 64 * 1024
