@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from nitro.actors.events import ActorSummary
 from nitro.checkpoint import save_checkpoint
-from nitro.engine import round_line
+from nitro.engine import RoundReport, round_line
 from nitro.runtime import get_run, notify_round
 
 log = logging.getLogger("nitro")
@@ -37,8 +37,6 @@ def record_round(run_id: str, k: int, round_wall_s: float) -> str | None:
     if tracker is not None:
         tracker.log_round(mlflow_run, k, metrics)
     save_checkpoint(ctx.config.home, run_id, k, trainer.state_dict())
-    from nitro.engine import RoundReport
-
     report = RoundReport(k, metrics, trainer.stop_reason(metrics))
     line = round_line(report, ctx.config.rounds)
     log.info(line)
