@@ -84,7 +84,7 @@ async def run_training(config: NitroConfig, run_id: str) -> dict:
             "mlflow_run_id": ctx.extras["mlflow_run_id"],
             "rounds_done": ctx.trainer.next_round,
             "stop_reason": stop or "round_limit",
-            "final_return_mean": history[-1]["return_mean"] if history else None,
+            "final_return_mean": ctx.trainer.final_return(),
             "spend_usd": ctx.trainer.ledger.spent_usd,
             "checkpoints": str(run_dir(config.home, run_id)),
         }

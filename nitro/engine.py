@@ -302,6 +302,12 @@ class Trainer:
         row["orchestration_s"] = max(0.0, round_wall_s - work)
         return {key: v for key, v in row.items() if key != "round"}
 
+    def final_return(self) -> float | None:
+        """Mean return of the last round with finished episodes (a budget stop ends with a round
+        that launched no actors)."""
+        finished = [r["return_mean"] for r in self.history if not math.isnan(r["return_mean"])]
+        return finished[-1] if finished else None
+
     def stop_reason(self, metrics: dict[str, float]) -> str | None:
         cfg = self.config
         target, ret = cfg.target_reward, metrics.get("return_mean", math.nan)
