@@ -649,9 +649,6 @@ def build_report(
                "upper bounds: twice the last round's learner time and each actor's timeout-bounded cost, so "
                "cells with long (boosted) rounds leave more of the budget unspent; read the total spend "
                "column next to the return.", ""]
-    md += ["The final return of a run is that of its last round with finished episodes (a budget stop "
-           "ends with a round that launched no actors); `nitro compare` reads it the same way.", ""]
-
     def add(path: Path) -> str:
         report.files.append(path)
         return path.name
