@@ -110,6 +110,8 @@ from nitro.ppo import (
     explained_variance,
     kl_penalty,
     gradient_noise_scale,
+    load_optimizer,
+    optimizer_tensors,
     minibatch_indices,
     successor_layout,
     training_rewards,
@@ -695,10 +697,8 @@ class ImpactLearner:
         for prefix, module in (("policy", self.policy), ("target", self.target), ("critic", self.critic)):
             for k, v in module.state_dict().items():
                 tensors[f"{prefix}.{k}"] = v.detach().cpu().clone()
-        opt = self.optimizer.state_dict()
-        for i, st in opt["state"].items():
-            for key, v in st.items():
-                tensors[f"optim.{i}.{key}"] = torch.as_tensor(v).detach().cpu().clone()
+        optim, param_groups = optimizer_tensors(self.optimizer)
+        tensors.update(optim)
         stored = self.replay.batches()
         nbytes = sum(np.asarray(a).nbytes for b in stored.values() for a in b.values())
         keep = nbytes <= int(_setting(self.cfg, "replay_checkpoint_max_bytes"))
@@ -717,7 +717,7 @@ class ImpactLearner:
             "n_target_updates": self.n_target_updates,
             "last_n_new_batches": self.last_n_new_batches,
             "seed": self.seed,
-            "optim_param_groups": opt["param_groups"],
+            "optim_param_groups": param_groups,
             "replay": self.replay.bookkeeping(),
             "replay_batches_included": keep,
             "replay_bytes": int(nbytes),
@@ -735,15 +735,7 @@ class ImpactLearner:
         for prefix, module in (("policy", self.policy), ("target", self.target), ("critic", self.critic)):
             n = len(prefix) + 1
             module.load_state_dict({k[n:]: v for k, v in t.items() if k.startswith(prefix + ".")}, strict=True)
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        for k, v in t.items():
-            if k.startswith("optim."):
-                _, i, key = k.split(".", 2)
-                state.setdefault(int(i), {})[key] = v
-        groups = meta["optim_param_groups"]
-        for g in groups:
-            g["betas"] = tuple(g["betas"])
-        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+        load_optimizer(self.optimizer, t, meta["optim_param_groups"])
         self.kl_coef = float(meta["kl_coef"])
         self.reward_stats.mean = float(meta["reward_mean"])
         self.reward_stats.var = float(meta["reward_var"])

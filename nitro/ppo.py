@@ -375,6 +375,25 @@ def gradient_noise_scale(policy_loss: Callable[[torch.Tensor], torch.Tensor], pa
     return {"grad_noise_scale": b_simple, "grad_noise_tr_sigma": tr_sigma, "grad_sq_norm": g_sq}
 
 
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    """An optimizer's state as flat ``optim.{i}.{key}`` tensors plus its (JSON-able) param groups."""
+    opt = optimizer.state_dict()
+    tensors = {f"optim.{i}.{key}": torch.as_tensor(v).detach().cpu().clone()
+               for i, st in opt["state"].items() for key, v in st.items()}
+    return tensors, opt["param_groups"]
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], param_groups: list[dict]) -> None:
+    """Inverse of ``optimizer_tensors`` (param groups as JSON gave them back: betas as lists)."""
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for k, v in tensors.items():
+        if k.startswith("optim."):
+            _, i, key = k.split(".", 2)
+            state.setdefault(int(i), {})[key] = v
+    groups = [{**g, "betas": tuple(g["betas"])} if "betas" in g else dict(g) for g in param_groups]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
 class RunningMeanStd:
     """Running mean/variance of scalars (parallel Welford merge), for the reward scale."""
 
@@ -599,10 +618,8 @@ class PPOLearner:
             tensors[f"policy.{k}"] = v.detach().cpu().clone()
         for k, v in self.critic.state_dict().items():
             tensors[f"critic.{k}"] = v.detach().cpu().clone()
-        opt = self.optimizer.state_dict()
-        for i, st in opt["state"].items():
-            for key, v in st.items():
-                tensors[f"optim.{i}.{key}"] = torch.as_tensor(v).detach().cpu().clone()
+        optim, param_groups = optimizer_tensors(self.optimizer)
+        tensors.update(optim)
         meta = {
             "format": "nitro.ppo_learner/1",
             "env_id": self.spec.env_id,
@@ -612,7 +629,7 @@ class PPOLearner:
             "reward_count": self.reward_stats.count,
             "n_updates": self.n_updates,
             "seed": self.seed,  # with n_updates, fixes the minibatch order of the next update
-            "optim_param_groups": opt["param_groups"],
+            "optim_param_groups": param_groups,
         }
         return tensors, json.loads(json.dumps(meta))  # proves it is JSON-able
 
@@ -625,15 +642,7 @@ class PPOLearner:
         t = {k: torch.as_tensor(np.asarray(v) if not isinstance(v, torch.Tensor) else v) for k, v in tensors.items()}
         self.policy.load_state_dict({k[7:]: v for k, v in t.items() if k.startswith("policy.")}, strict=True)
         self.critic.load_state_dict({k[7:]: v for k, v in t.items() if k.startswith("critic.")}, strict=True)
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        for k, v in t.items():
-            if k.startswith("optim."):
-                _, i, key = k.split(".", 2)
-                state.setdefault(int(i), {})[key] = v
-        groups = meta["optim_param_groups"]
-        for g in groups:
-            g["betas"] = tuple(g["betas"])
-        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+        load_optimizer(self.optimizer, t, meta["optim_param_groups"])
         self.kl_coef = float(meta["kl_coef"])
         self.reward_stats.mean = float(meta["reward_mean"])
         self.reward_stats.var = float(meta["reward_var"])
