@@ -196,7 +196,7 @@ class NitroConfig(_Section):
         try:
             return cls.model_validate(merged)
         except ValidationError as exc:
-            raise ConfigError(_one_line(exc)) from None
+            raise ConfigError(validation_message(exc)) from None
 
     @classmethod
     def from_yaml(cls, path: str | Path | None, overrides: list[str] | None = None) -> "NitroConfig":
@@ -251,10 +251,11 @@ def _apply_override(data: dict[str, Any], item: str) -> None:
     node[parts[-1]] = value
 
 
-def _one_line(exc: ValidationError) -> str:
+def validation_message(exc: ValidationError, what: str = "config") -> str:
+    """A pydantic error as one line naming the first bad field: ``invalid <what>: <field>: <why>``."""
     errors = exc.errors()
     first = errors[0]
-    field = ".".join(str(p) for p in first["loc"]) or "config"
+    field = ".".join(str(p) for p in first["loc"]) or what
     msg = first["msg"].removeprefix("Value error, ")
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"invalid config: {field}: {msg}{more}"
+    return f"invalid {what}: {field}: {msg}{more}"

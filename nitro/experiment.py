@@ -57,7 +57,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from nitro.config import ConfigError, NitroConfig, ScalerName
+from nitro.config import ConfigError, NitroConfig, ScalerName, validation_message
 
 __all__ = [
     "ExperimentError",
@@ -168,15 +168,6 @@ class ExperimentSpec(_Strict):
         return list(self.sensitivity.seeds or self.matrix.seed) if self.sensitivity else []
 
 
-def _one_line(exc: ValidationError) -> str:
-    errors = exc.errors()
-    first = errors[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "spec"
-    msg = first["msg"].removeprefix("Value error, ")
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"invalid experiment spec: {loc}: {msg}{more}"
-
-
 def load_spec(source: str | os.PathLike | Mapping[str, Any], overrides: Sequence[str] = ()) -> ExperimentSpec:
     """Validate a spec from a YAML path or a mapping; raise ExperimentError (one line).
 
@@ -201,7 +192,7 @@ def load_spec(source: str | os.PathLike | Mapping[str, Any], overrides: Sequence
     try:
         spec = ExperimentSpec.model_validate(data)
     except ValidationError as exc:
-        raise ExperimentError(_one_line(exc)) from None
+        raise ExperimentError(validation_message(exc, "experiment spec")) from None
     try:
         for cell in expand_cells(spec, sensitivity=True):
             cell_config(spec, cell)

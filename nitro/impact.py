@@ -104,13 +104,13 @@ from nitro.ppo import (
     _np64,
     _np_bool,
     adapt_kl_coef,
-    discounted_return_trace,
     dist_from_params,
     entropy_bonus,
     explained_variance,
     kl_penalty,
     gradient_noise_scale,
     load_optimizer,
+    merge_round_statistics,
     optimizer_tensors,
     minibatch_indices,
     successor_layout,
@@ -643,18 +643,8 @@ class ImpactLearner:
     def _merge_statistics(self, batches: Sequence[dict[str, np.ndarray]]) -> None:
         """After the update, NEW batches only: raw observations into the policy's normaliser,
         discounted raw returns (sign-clipped on Atari) into the reward-scale statistics."""
-        if self.policy.obs_norm is not None:
-            for b in batches:
-                if len(b["obs"]):
-                    self.policy.obs_norm.merge(b["obs"])
-        if _setting(self.cfg, "normalize_rewards"):
-            for b in batches:
-                T = len(b["rewards"])
-                if T == 0:
-                    continue
-                episode_end, _ = successor_layout(T, b["terminated"], b["bootstrap_idx"])
-                raw = training_rewards(b["rewards"], self.spec.is_atari, 1.0)
-                self.reward_stats.merge(discounted_return_trace(raw, episode_end, self.cfg.gamma))
+        stats = self.reward_stats if _setting(self.cfg, "normalize_rewards") else None
+        merge_round_statistics(self.policy, stats, batches, self.spec.is_atari, self.cfg.gamma)
 
     # -- for the boosting detector --------------------------------------------------------------
 

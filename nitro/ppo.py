@@ -429,6 +429,25 @@ def discounted_return_trace(rewards: np.ndarray, episode_end: np.ndarray, gamma:
     return out
 
 
+def merge_round_statistics(policy: Policy, reward_stats: "RunningMeanStd | None",
+                           batches: Sequence[dict[str, np.ndarray]], is_atari: bool, gamma: float) -> None:
+    """After an update: the batches' raw observations into the policy's normaliser, and their raw
+    discounted returns (sign-clipped rewards on Atari) into the reward-scale statistics (None: no
+    reward scaling)."""
+    if policy.obs_norm is not None:
+        for b in batches:
+            if len(b["obs"]):
+                policy.obs_norm.merge(b["obs"])
+    if reward_stats is not None:
+        for b in batches:
+            T = len(b["rewards"])
+            if T == 0:
+                continue
+            episode_end, _ = successor_layout(T, b["terminated"], b["bootstrap_idx"])
+            raw = training_rewards(b["rewards"], is_atari, 1.0)
+            reward_stats.merge(discounted_return_trace(raw, episode_end, gamma))
+
+
 class PPOLearner:
     """The PPO learner: policy, critic, one Adam over both, adaptive KL, reward scale."""
 
@@ -566,18 +585,8 @@ class PPOLearner:
     def _merge_statistics(self, batches: Sequence[dict[str, np.ndarray]]) -> None:
         """After the update: raw observations into the policy's normaliser, raw discounted returns
         (sign-clipped rewards on Atari) into the reward-scale statistics."""
-        if self.policy.obs_norm is not None:
-            for b in batches:
-                if len(b["obs"]):
-                    self.policy.obs_norm.merge(b["obs"])
-        if self.cfg.normalize_rewards:
-            for b in batches:
-                T = len(b["rewards"])
-                if T == 0:
-                    continue
-                episode_end, _ = successor_layout(T, b["terminated"], b["bootstrap_idx"])
-                raw = training_rewards(b["rewards"], self.spec.is_atari, 1.0)
-                self.reward_stats.merge(discounted_return_trace(raw, episode_end, self.cfg.gamma))
+        merge_round_statistics(self.policy, self.reward_stats if self.cfg.normalize_rewards else None, batches,
+                               self.spec.is_atari, self.cfg.gamma)
 
     # -- for the boosting detector --------------------------------------------------------------
 

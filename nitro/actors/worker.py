@@ -24,6 +24,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from nitro.actors.events import ActorEvent, ActorSummary
+from nitro.config import validation_message
 
 log = logging.getLogger(__name__)
 
@@ -112,15 +113,6 @@ def _memory_mb(state: ActorState, memory_mb: int | None) -> int:
         return 0
 
 
-def _one_line_validation(exc: ValidationError) -> str:
-    errors = exc.errors()
-    first = errors[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "event"
-    msg = first["msg"].removeprefix("Value error, ")
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"invalid event: {loc}: {msg}{more}"
-
-
 def _error_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     name = type(exc).__name__
@@ -148,7 +140,7 @@ def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = Non
         try:
             ev = ActorEvent.model_validate(event)
         except ValidationError as exc:
-            return failed(_one_line_validation(exc), inv)
+            return failed(validation_message(exc, "event"), inv)
 
     try:
         from nitro.cache import TrajectoryCache
