@@ -49,3 +49,24 @@ def prefect_api():
 
     with prefect_test_harness(server_startup_timeout=90):
         yield
+
+
+@pytest.fixture(scope="session")
+def mlflow_template_db(tmp_path_factory):
+    """One migrated MLflow SQLite store per session; migrating takes seconds, copying it does not."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()  # runs the migrations
+    return db
+
+
+@pytest.fixture()
+def tracking_uri(mlflow_template_db, tmp_path) -> str:
+    """A fresh MLflow store for one test, copied from the migrated template."""
+    import shutil
+
+    db = tmp_path / "store" / "mlflow.db"
+    db.parent.mkdir()
+    shutil.copyfile(mlflow_template_db, db)
+    return f"sqlite:///{db}"

@@ -5,7 +5,6 @@ The migrated store is built once per module and copied per test (see test_tracki
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,23 +14,6 @@ from nitro.compare import compare_runs, format_table
 from nitro.config import NitroConfig
 from nitro.plots import mean_ci95, plot_group_bars, plot_group_curves, write_run_plots
 from nitro.tracking import RunTracker, TrackingError
-
-
-@pytest.fixture(scope="module")
-def template_db(tmp_path_factory) -> Path:
-    # one migrated store per pytest session, shared by the test modules through its path
-    db = tmp_path_factory.getbasetemp() / "mlflow-template" / "mlflow.db"
-    if not db.exists():
-        db.parent.mkdir(exist_ok=True)
-        MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()  # runs the migrations
-    return db
-
-
-@pytest.fixture()
-def tracking_uri(template_db: Path, tmp_path: Path) -> str:
-    db = tmp_path / "mlflow.db"
-    shutil.copyfile(template_db, db)
-    return f"sqlite:///{db}"
 
 
 def _train(tracker: RunTracker, name: str, cfg: NitroConfig, rounds: int, finish: bool = True) -> str:

@@ -31,24 +31,6 @@ from nitro.tracking import (
 )
 
 
-@pytest.fixture(scope="module")
-def template_db(tmp_path_factory) -> Path:
-    # one migrated store per pytest session, shared by the test modules through its path
-    db = tmp_path_factory.getbasetemp() / "mlflow-template" / "mlflow.db"
-    if not db.exists():
-        db.parent.mkdir(exist_ok=True)
-        MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()  # runs the migrations
-    return db
-
-
-@pytest.fixture()
-def tracking_uri(template_db: Path, tmp_path: Path) -> str:
-    db = tmp_path / "store" / "mlflow.db"
-    db.parent.mkdir()
-    shutil.copyfile(template_db, db)
-    return f"sqlite:///{db}"
-
-
 @pytest.fixture()
 def tracker(tracking_uri: str) -> RunTracker:
     return RunTracker(tracking_uri, "nitro-test")
@@ -78,8 +60,8 @@ def test_missing_store_and_experiment_are_created(tmp_path: Path):
     assert RunTracker(f"sqlite:///{db}", "brand-new").experiment_id == tracker.experiment_id
 
 
-def test_bare_db_path_and_file_store(template_db: Path, tmp_path: Path, monkeypatch):
-    shutil.copyfile(template_db, tmp_path / "m.db")
+def test_bare_db_path_and_file_store(mlflow_template_db: Path, tmp_path: Path, monkeypatch):
+    shutil.copyfile(mlflow_template_db, tmp_path / "m.db")
     tracker = RunTracker(str(tmp_path / "m.db"), "e")
     assert tracker.tracking_uri == f"sqlite:///{tmp_path.resolve() / 'm.db'}"
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
