@@ -169,7 +169,8 @@ def handler(event: Any, context: Any = None) -> dict[str, Any]:
 
 
 def simulate_actor(event: Any, duration_s: float, memory_mb: int | None) -> ActorSummary:
-    """Validate like ``run_actor``, wait ``duration_s``, write a small valid dummy batch."""
+    """Validate like ``run_actor``, wait ``duration_s``, write a small valid dummy batch (zeros,
+    four steps, the event's env's shapes)."""
     start = time.perf_counter()
     try:
         ev = event if isinstance(event, ActorEvent) else ActorEvent.model_validate(event)
@@ -183,17 +184,23 @@ def simulate_actor(event: Any, duration_s: float, memory_mb: int | None) -> Acto
         from nitro.cache import TrajectoryCache
         from nitro.serialization import dumps_tensors
 
+        from nitro.envs import env_spec
+
         password = STATE.resolve_password(ev.cache_credentials)
         cache = TrajectoryCache(STATE.redis_client(ev.cache_url, password), ev.run_id, ttl_s=ev.batch_ttl_s)
+        # Shaped like the env's batches (the spec is cached per process), so that a learner can
+        # train on simulated rounds: the orchestration benchmark runs whole rounds of them.
+        spec = env_spec(ev.env_id)
         t = min(ev.n_steps, 4)
+        obs_dtype = np.uint8 if spec.obs_dtype == "uint8" else np.float32
         batch = {
-            "obs": np.zeros((t, 1), np.float32),
-            "actions": np.zeros((t, 1), np.float32),
+            "obs": np.zeros((t, *spec.obs_shape), obs_dtype),
+            "actions": np.zeros((t, spec.action_dim), np.float32) if spec.continuous else np.zeros(t, np.int64),
             "logp": np.zeros(t, np.float32),
             "rewards": np.zeros(t, np.float32),
             "terminated": np.zeros(t, bool),
             "bootstrap_idx": np.array([t - 1], np.int64),
-            "bootstrap_obs": np.zeros((1, 1), np.float32),
+            "bootstrap_obs": np.zeros((1, *spec.obs_shape), obs_dtype),
         }
         meta = {"env_id": ev.env_id, "weights_version": ev.round, "invocation_id": ev.invocation_id,
                 "format": "nitro.batch/1", "simulated": "true"}

@@ -18,9 +18,9 @@ def isolated_home(name: str) -> Path:
     sys.path.insert(0, str(ROOT))
     home = Path(tempfile.mkdtemp(prefix=f"nitro-bench-{name}-"))
     os.environ.setdefault("PREFECT_HOME", str(home / "prefect"))
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    from flows.settings import apply_prefect_defaults  # the CLI's, task-run recorder batching included
+
+    apply_prefect_defaults()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("nitro").setLevel(logging.INFO)
     return home
@@ -35,3 +35,68 @@ def machine() -> dict:
 
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__}
+
+
+# -- the local Lambda Invoke API server, for the fan-out and orchestration benchmarks ----------------
+
+
+def fake_aws_credentials() -> None:
+    """Credentials for signing requests to the local Invoke server (nothing reaches AWS)."""
+    for key, value in {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        os.environ.setdefault(key, value)
+
+
+def start_invoke_server(function: str, *, concurrency: int, duration_s: float, threads_per_worker: int,
+                        workdir: str, timeout_s: float | None = None):
+    """``tests.support.lambda_invoke_server`` in its own process (so that its CPU is not the
+    client's), running the real handler in simulate mode; returns (process, endpoint URL)."""
+    import subprocess
+    import time
+
+    ready = os.path.join(workdir, f"invoke-server-{function}.port")
+    cmd = [sys.executable, "-m", "tests.support.lambda_invoke_server", "--port", "0", "--function", function,
+           "--concurrency", str(concurrency), "--threads-per-worker", str(threads_per_worker),
+           "--timeout-s", str(timeout_s or max(30.0, duration_s * 10)), "--simulate-duration-s", str(duration_s),
+           "--ready-file", ready]
+    proc = subprocess.Popen(cmd, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    deadline = time.monotonic() + 60
+    while not os.path.exists(ready):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise RuntimeError(f"invoke server did not start: {err[-2000:]}")
+        time.sleep(0.05)
+    with open(ready) as f:
+        return proc, f"http://127.0.0.1:{f.read().strip()}"
+
+
+def stop_process(proc) -> None:
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` and its live descendants."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total

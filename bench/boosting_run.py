@@ -38,7 +38,7 @@ def main() -> None:
     wall = time.perf_counter() - started
     client = MlflowClient(tracking_uri=f"sqlite:///{home}/mlflow.db")
     names = ("hessian_R", "lambda_max", "lambda_min", "boost_score", "actors_launched", "spend_round_usd",
-             "spend_total_usd", "return_mean", "detection_s", "round_s")
+             "spend_total_usd", "train_return_mean", "detection_s", "round_s")
     series = {n: {m.step: m.value for m in client.get_metric_history(result["mlflow_run_id"], n)} for n in names}
     rows = [{n: (None if math.isnan(series[n][k]) else round(series[n][k], 6)) for n in names} | {"round": k}
             for k in sorted(series["actors_launched"])]
@@ -54,7 +54,7 @@ def main() -> None:
     for r in rows:
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         print(f"{r['round']:>5} {fmt(r['hessian_R'], '9.4f')} {fmt(r['boost_score'], '7.3f')} "
-              f"{int(r['actors_launched']):>6} {r['spend_total_usd']:>9.5f} {fmt(r['return_mean'], '8.1f')}")
+              f"{int(r['actors_launched']):>6} {r['spend_total_usd']:>9.5f} {fmt(r['train_return_mean'], '8.1f')}")
     print(f"stopped by {result['stop_reason']} after {result['rounds_done']} rounds; spent ${result['spend_usd']:.5f} "
           f"of ${args.budget}; actors in [{min(actors)}, {max(actors)}]; wrote {out}")
 

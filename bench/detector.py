@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from nitro.config import NitroConfig  # noqa: E402
 from nitro.detector import detect_on_batch, hessian_extremes, pyhessian_extremes  # noqa: E402
 from nitro.envs import env_spec  # noqa: E402
-from nitro.ppo import PPOLearner  # noqa: E402
+from nitro.learners import PPOLearner  # noqa: E402
 from nitro.rollout import rollout  # noqa: E402
 
 ACTORS, STEPS_PER_ACTOR = 8, 512  # 4096 steps per round
@@ -85,12 +85,11 @@ def main() -> None:
         t0 = time.perf_counter()
         metrics = learner.update(batches)
         update_s = time.perf_counter() - t0
-        # the detection of the round: on these batches, after the update (engine step 2)
-        tensors = learner.prepare(batches)
-        n = len(tensors["rewards"])
-        full = detect_on_batch(learner, tensors, n, n, steps=args.steps, seed=0)
-        full_s1 = detect_on_batch(learner, tensors, n, n, steps=args.steps, seed=1)  # Lanczos start only
-        subs = {size: [detect_on_batch(learner, tensors, n, size, steps=args.steps, seed=s) for s in range(args.seeds)]
+        # the detection of the round: on the update's batch, after the update (engine step 2)
+        n = learner.trained_samples()
+        full = detect_on_batch(learner, n, steps=args.steps, seed=0)
+        full_s1 = detect_on_batch(learner, n, steps=args.steps, seed=1)  # Lanczos start only
+        subs = {size: [detect_on_batch(learner, size, steps=args.steps, seed=s) for s in range(args.seeds)]
                 for size in (512, 256)}
         row = {
             "round": r,
@@ -152,7 +151,7 @@ def main() -> None:
 
     # -- ours vs PyHessian, on the last round's 512 subset ------------------------------------------
     idx = np.sort(np.random.default_rng(0).choice(n, size=512, replace=False))
-    closure = learner.surrogate_closure(tensors, idx)
+    closure = learner.objective(idx)
     ours, ph = [], []
     for s in range(5):  # interleaved, so that load from other jobs hits both alike; min is reported too
         ours.append(hessian_extremes(closure, learner.policy_parameters(), steps=args.steps, seed=s, negate=True))

@@ -43,7 +43,7 @@ def main() -> None:
                      "learner_idle_share_median": statistics.median(idle),
                      "updates_per_round": statistics.median(r.get("impact/updates", 1.0) for r in rows),
                      "replay_updates_per_round": statistics.median(r.get("impact/replay_updates", 0.0) for r in rows),
-                     "return_last": rows[-1]["return_mean"]}
+                     "return_last": rows[-1]["train_return_mean"]}
     a, s = out["asynchronous"], out["synchronous"]
     out["idle_share_removed"] = s["learner_idle_share_median"] - a["learner_idle_share_median"]
     (RESULTS / "impact_overlap.json").write_text(json.dumps(out, indent=1))

@@ -1,11 +1,21 @@
-"""Learning curve: train with local actors through the real pipeline and record return vs steps.
+"""Learning: Nitro's PPO through the real pipeline against Stable-Baselines3's PPO, side by side.
 
-    python bench/learning.py                       # PPO on Hopper-v5, 369k steps, about 15 minutes on 2 cores
-    python bench/learning.py --rounds 10 --algo ppo key=value ...
+    python bench/learning.py                                  # Hopper-v5 and Walker2d-v5, 3 seeds, ~300k steps
+    python bench/learning.py --envs Hopper-v5 --seeds 1 --rounds 25     # a quick look
+    python bench/learning.py --algo impact                    # another algorithm, same protocol
 
-Runs the same flow as ``nitro train`` (Prefect, Redis, MLflow) with a fixed number of actors, so
-the curve measures the learner and the actors, not the scaler. Writes
-bench/results/learning_<algo>_<env>.json.
+Nitro runs as ``nitro train`` does (a Prefect flow per round, a local Redis, MLflow, warm local
+actor processes) with its defaults, ``scaler.name=fixed`` and ``--actors`` actors per round, and
+evaluates its policy on the actors every ``--eval-every`` rounds (whole episodes, the mean action
+and sampled actions). SB3's PPO runs with its defaults and ``VecNormalize`` (the reference every
+reader knows) in this same process, one env, and is evaluated at the same numbers of training
+steps on the same kind of episodes. Both are timed by wall clock, evaluation included.
+
+A Nitro evaluation in round k scores the policy trained on the k rounds before it (k x actors x
+steps env steps), so the checkpoints are the steps trained on at evaluation rounds. Writes
+bench/results/learning_<algo>.json: per run, the evaluation returns at each checkpoint, wall time
+and env steps per second; per env and checkpoint, mean and 95% CI over seeds for both. Run it
+alone on the machine (it records the load average): timings taken beside other work are noise.
 """
 
 from __future__ import annotations
@@ -13,59 +23,157 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
+import os
 import time
 
 from _common import RESULTS, isolated_home, machine, run_overrides
+
+EVAL_EPISODES = 5
+
+
+def nitro_run(env_id: str, seed: int, args: argparse.Namespace) -> dict:
+    """One Nitro training run; returns its evaluations, wall time and steps."""
+    from flows.training import train
+    from nitro.checkpoint import load_checkpoint
+
+    home = isolated_home(f"learning-{seed}")
+    run_id = f"bench-learning-{env_id.replace('/', '-').lower()}-{seed}"
+    overrides = [*run_overrides(home), "scaler.name=fixed", f"scaler.fixed_actors={args.actors}",
+                 f"eval.every_rounds={args.eval_every}", f"eval.episodes={EVAL_EPISODES}", *args.overrides]
+    started = time.perf_counter()
+    result = asyncio.run(train(env_id=env_id, algo=args.algo, rounds=args.rounds, seed=seed, overrides=overrides,
+                               run_id=run_id))
+    wall = time.perf_counter() - started
+    _, state = load_checkpoint(home, run_id)
+    history = state["history"]
+    per_round = history[0]["env_steps"] if history else 0
+    evals = [{"trained_steps": int(r["round"]) * int(per_round), "round": int(r["round"]),
+              "deterministic": r["eval_return_mean"], "stochastic": r["eval_stochastic_return_mean"]}
+             for r in history if r.get("eval_episodes", 0) > 0]
+    return {"wall_s": round(wall, 1), "env_steps": int(history[-1]["env_steps_total"]),
+            "rounds": result["rounds_done"], "evals": evals,
+            "median_round_s": sorted(r["round_s"] for r in history)[len(history) // 2]}
+
+
+def sb3_run(env_id: str, seed: int, checkpoints: list[int]) -> dict:
+    """SB3 PPO (defaults + VecNormalize), evaluated at ``checkpoints`` training steps."""
+    import gymnasium as gym
+    import numpy as np
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    torch.set_num_threads(1)
+    venv = VecNormalize(DummyVecEnv([lambda: gym.make(env_id)]), gamma=0.99)
+    model = PPO("MlpPolicy", venv, seed=seed, device="cpu", verbose=0)
+    eval_env = gym.make(env_id)
+
+    def evaluate(deterministic: bool) -> float:
+        rng = np.random.default_rng([seed, deterministic])
+        returns = []
+        for _ in range(EVAL_EPISODES):
+            obs, _ = eval_env.reset(seed=int(rng.integers(2**31)))
+            done, total = False, 0.0
+            while not done:
+                action, _ = model.predict(venv.normalize_obs(obs), deterministic=deterministic)
+                obs, reward, term, trunc, _ = eval_env.step(action)
+                total, done = total + float(reward), term or trunc
+            returns.append(total)
+        return float(np.mean(returns))
+
+    evals: list[dict] = []
+
+    class Checkpoints(BaseCallback):
+        def _on_step(self) -> bool:
+            if len(evals) < len(checkpoints) and self.num_timesteps >= checkpoints[len(evals)]:
+                evals.append({"trained_steps": self.num_timesteps, "deterministic": evaluate(True),
+                              "stochastic": evaluate(False)})
+            return True
+
+    started = time.perf_counter()
+    evals.append({"trained_steps": 0, "deterministic": evaluate(True), "stochastic": evaluate(False)})
+    checkpoints = [0, *checkpoints]
+    model.learn(checkpoints[-1], callback=Checkpoints())
+    wall = time.perf_counter() - started
+    return {"wall_s": round(wall, 1), "env_steps": int(model.num_timesteps), "evals": evals}
+
+
+def summarize(runs: list[dict], key: str) -> list[dict]:
+    """Per checkpoint: mean and 95% CI over seeds of the ``key`` evaluation return."""
+    from nitro.plots import mean_ci95
+
+    out = []
+    for i, point in enumerate(runs[0]["evals"]):
+        values = [r["evals"][i][key] for r in runs if i < len(r["evals"])]
+        mean, half = mean_ci95(values)
+        out.append({"trained_steps": point["trained_steps"], "mean": round(mean, 1), "ci95": round(half, 1),
+                    "values": [round(v, 1) for v in values]})
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algo", default="ppo")
-    parser.add_argument("--env", default="Hopper-v5")
-    parser.add_argument("--rounds", type=int, default=90)
+    parser.add_argument("--envs", default="Hopper-v5,Walker2d-v5")
+    parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--actors", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=512, help="steps per actor")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("overrides", nargs="*", help="extra config overrides, key=value")
+    parser.add_argument("--rounds", type=int, default=None, help="default: as many as ~300k steps need, +1")
+    parser.add_argument("--eval-every", type=int, default=None, help="default: a third of the rounds")
+    parser.add_argument("--no-sb3", action="store_true", help="skip the SB3 reference runs")
+    parser.add_argument("overrides", nargs="*", help="extra config overrides for Nitro, key=value")
     args = parser.parse_args()
+    isolated_home("learning")
+    from nitro.config import NitroConfig
 
-    home = isolated_home("learning")
-
-    from flows.training import train
-    from nitro.checkpoint import load_checkpoint
-
-    overrides = [
-        *run_overrides(home), "scaler.name=fixed",
-        f"scaler.fixed_actors={args.actors}", f"steps_per_actor={args.steps}", "detector.enabled=false",
-        *args.overrides,
-    ]
-    started = time.perf_counter()
-    result = asyncio.run(train(env_id=args.env, algo=args.algo, rounds=args.rounds, seed=args.seed,
-                               overrides=overrides, run_id="bench-learning"))
-    wall = time.perf_counter() - started
-    _, state = load_checkpoint(home, "bench-learning")
-    curve = [{"round": int(r["round"]), "env_steps_total": int(r["env_steps_total"]),
-              "return_mean": None if math.isnan(r["return_mean"]) else round(r["return_mean"], 2)}
-             for r in state["history"]]
-    returns = [c["return_mean"] for c in curve if c["return_mean"] is not None]
-    first, last = returns[:5], returns[-5:]
-    summary = {
-        "algo": args.algo, "env": args.env, "rounds": result["rounds_done"], "actors": args.actors,
-        "steps_per_actor": args.steps, "seed": args.seed, "overrides": args.overrides,
-        "env_steps": curve[-1]["env_steps_total"] if curve else 0, "wall_s": round(wall, 1),
-        "return_first5_mean": round(sum(first) / len(first), 1) if first else None,
-        "return_last5_mean": round(sum(last) / len(last), 1) if last else None,
-        "return_best": max(returns) if returns else None,
-        "machine": machine(),
-        "curve": curve,
-    }
-    out = RESULTS / f"learning_{args.algo}_{args.env.replace('/', '_')}.json"
-    out.write_text(json.dumps(summary, indent=1))
-    print(f"{args.algo} on {args.env}: {summary['env_steps']} env steps in {wall:.0f} s; "
-          f"mean return first 5 rounds {summary['return_first5_mean']}, last 5 rounds {summary['return_last5_mean']}, "
-          f"best round {summary['return_best']}")
-    print(f"wrote {out}")
+    steps_per_round = args.actors * NitroConfig.load(overrides=args.overrides).steps_per_actor
+    if args.rounds is None:
+        args.rounds = -(-300_000 // steps_per_round) + 1  # the last round's policy has seen >= 300k
+    if args.eval_every is None:
+        args.eval_every = (args.rounds - 1) // 3
+    load_before = os.getloadavg()
+    report: dict = {"algo": args.algo, "actors": args.actors, "steps_per_round": steps_per_round,
+                    "rounds": args.rounds, "eval_every": args.eval_every, "eval_episodes": EVAL_EPISODES,
+                    "overrides": args.overrides, "load_average_before": load_before, "envs": {}}
+    for env_id in args.envs.split(","):
+        nitro_runs, sb3_runs = [], []
+        for seed in (int(s) for s in args.seeds.split(",")):
+            run = {"seed": seed, **nitro_run(env_id, seed, args)}
+            nitro_runs.append(run)
+            print(f"nitro {env_id} seed {seed}: {run['env_steps']} steps in {run['wall_s']} s, evaluations "
+                  + ", ".join(f"{e['trained_steps']}: {e['deterministic']:.0f}/{e['stochastic']:.0f}" for e in run["evals"]),
+                  flush=True)
+            if not args.no_sb3:
+                checkpoints = [e["trained_steps"] for e in run["evals"] if e["trained_steps"] > 0]
+                ref = {"seed": seed, **sb3_run(env_id, seed, checkpoints)}
+                sb3_runs.append(ref)
+                print(f"sb3   {env_id} seed {seed}: {ref['env_steps']} steps in {ref['wall_s']} s, evaluations "
+                      + ", ".join(f"{e['trained_steps']}: {e['deterministic']:.0f}/{e['stochastic']:.0f}" for e in ref["evals"]),
+                      flush=True)
+        entry: dict = {"nitro": {"runs": nitro_runs}, "sb3": {"runs": sb3_runs}}
+        for name, runs in (("nitro", nitro_runs), ("sb3", sb3_runs)):
+            if not runs:
+                continue
+            wall = sum(r["wall_s"] for r in runs) / len(runs)
+            steps = sum(r["env_steps"] for r in runs) / len(runs)
+            entry[name].update({"deterministic": summarize(runs, "deterministic"),
+                                "stochastic": summarize(runs, "stochastic"),
+                                "wall_s_mean": round(wall, 1), "env_steps_per_s": round(steps / wall, 1)})
+        report["envs"][env_id] = entry
+    report["load_average_after"] = os.getloadavg()
+    report["machine"] = machine()
+    out = RESULTS / f"learning_{args.algo}.json"
+    out.write_text(json.dumps(report, indent=1))
+    for env_id, entry in report["envs"].items():
+        for name in ("nitro", "sb3"):
+            if "deterministic" not in entry[name]:
+                continue
+            det, sto = entry[name]["deterministic"], entry[name]["stochastic"]
+            cells = "  ".join(f"{d['trained_steps'] // 1000}k: {d['mean']:.0f}±{d['ci95']:.0f} / {s['mean']:.0f}±{s['ci95']:.0f}"
+                              for d, s in zip(det, sto) if d["trained_steps"])
+            print(f"{env_id:12s} {name:5s} eval return (deterministic / stochastic, mean ± 95% CI): {cells}; "
+                  f"{entry[name]['wall_s_mean']:.0f} s per run, {entry[name]['env_steps_per_s']:.0f} env steps/s")
+    print(f"load average before {load_before}, after {report['load_average_after']}; wrote {out}")
 
 
 if __name__ == "__main__":

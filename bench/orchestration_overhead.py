@@ -1,47 +1,42 @@
-"""Share of a round's wall time that goes to Prefect + MLflow bookkeeping (issue 3, target <= 5%).
+"""What a round costs in Prefect + MLflow bookkeeping, and a round of 1000 actors through a real Prefect server.
 
-    python bench/orchestration_overhead.py [--rounds 5] [--actors 16] [--steps 512] [--workers N]
-                                           [--probe-calls 5] [--out bench/results/orchestration_overhead.json]
+    python bench/orchestration_overhead.py [--actors 8,16,64] [--apis ephemeral,server] [--rounds 6]
+        [--steps 512] [--big-round 1000] [--big-dbs sqlite,postgres] [--big-rounds 3]
+        [--out bench/results/orchestration_overhead.json]
 
-What runs: the REAL `nitro-train` flow (flows/training.py) on the default Hopper configuration with
-`scaler.name=fixed scaler.fixed_actors=16 steps_per_actor=512 backend.workers=<CPU count>`, i.e. 16
-local actors per round, against Prefect's ephemeral API server (what `nitro train` uses with no
-PREFECT_API_URL) and a fresh MLflow SQLite store, in a temporary home.
+Part 1, the share (target: at most 3% of a steady round). The REAL ``nitro-train`` flow
+(flows/training.py) on Hopper-v5 with PPO, ``scaler.name=fixed``, N local actors of --steps steps
+(one run per N and per API, each in a fresh child process with a fresh MLflow SQLite store), against
 
-Per round k the engine records `learner_s`, `detection_s`, `actor_s` (the work: learning, detection,
-acting, the last one being the wall time of the mapped actor tasks) and `round_s` (the wall time of
-`await training_round(...)` in flows/training.py), and `orchestration_s = round_s - work`. That metric
-does NOT include the `record-round` task that follows each round (MLflow `log_batch`, checkpoint,
-progress artifact). So this bench also measures, by wrapping functions at run time (no source edits):
+* ``ephemeral``: no ``PREFECT_API_URL``, so Prefect starts its temporary API server on SQLite, as
+  ``nitro train`` does (the quick start's path);
+* ``server``: a ``prefect server start`` on SQLite started here (the README's "Run it from Prefect").
 
-* body_s        time inside the round flow's body (the flow function itself, timed from within);
-* subflow_call  round_s - body_s: what calling the subflow costs (create run, states, heartbeat, exit);
-* in_body_orch  body_s - work: the four Prefect tasks + mapped-task bookkeeping inside the round;
-* record_s      wall time of the `record-round` task call, of which mlflow_log_s (RunTracker.log_round)
-                and checkpoint_s (save_checkpoint);
-* iteration_s   round_s + record_s: one turn of the loop over rounds;
-* bookkeeping   iteration_s - work = subflow_call + in_body_orch + record_s.
+Both get the settings every Nitro entry point applies (flows/settings.py). Per round k it records,
+from the engine: ``learner_s``, ``detection_s``, ``actor_s`` (the work); and by wrapping functions
+at run time (no source edits): the round flow's body, the ``record-round`` task (MLflow log,
+checkpoint, artifacts) and every HTTP call the Prefect client makes (endpoint, duration, status).
+One loop turn is ``iteration_s`` (from one ``record-round`` end to the next: the subflow call, the
+body, the record); ``bookkeeping_s = iteration_s - work_s`` and the figure is
+``sum(bookkeeping_s) / sum(iteration_s)`` over the steady rounds (k >= 1; round 0 has no update).
+Also reported: where the bookkeeping went (subflow call, the tasks inside the round, record-round
+and within it MLflow and the checkpoint), the Prefect API time by endpoint, and the flow process's
+CPU per round. ``actor_s`` is the wall time of the mapped actor tasks, so Prefect's per-task cost
+that overlaps the actors is inside it; it is not hidden in CPU terms: ``client_cpu_s`` is all of
+the flow process's CPU (learner included).
 
-Shares are ratios of sums over the rounds of one run. Round 0 has no policy update (nothing collected
-yet), so figures are also given for rounds >= 1 ("steady").
+Part 2, ``--big-round N``: the same flow with ``backend.kind=lambda`` against the local Invoke API
+server (tests/support/lambda_invoke_server.py, the real handler in simulate mode: --big-duration s,
+then a small env-shaped batch to Redis), N actors per round, --big-rounds rounds, against a real
+``prefect server`` on SQLite and on PostgreSQL (deployments/prefect/postgres.sh starts a private
+one). Per round: wall time, the bookkeeping share, the launch (decision -> last request left the
+client), the Prefect API time; then the server's side: the task runs it recorded (``invoke-actor``
+runs COMPLETED, expected N per round) and how long after the last round they were all in, the
+latency of ``GET /api/health`` sampled every 0.5 s during the run, the 5xx answers the client got
+and the "database is locked" lines in the server's log.
 
-Then a probe: in one async parent flow, N calls each of a trivial `async` subflow and a trivial sync
-subflow, to check NOTES.md's "every sync subflow call costs ~1.1 s because the sync flow engine joins
-a heartbeat thread that sleeps in 1 s steps" (prefect/flow_engine.py `_send_heartbeats`: the thread
-sleeps in 1 s steps and the sync engine joins it with `join_on_exit=True`; the async engine passes
-`join_on_exit=False`).
-
-Finding (see the JSON): the async round subflow does not pay the heartbeat join, yet its call cost
-~0.3-2.8 s. Cause: creating the subflow's parent task run (`POST /task_runs/`) waits ~2 s on the API
-server's SQLite, which the `task_run_recorder` service is busy filling with the previous round's task-run
-events ONE PER TRANSACTION (Prefect's default `batch_size=1`, `read_batch_size=1`). Configured away by
-giving the server `PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE=100` and
-`..._READ_BATCH_SIZE=100`. By default this script runs the training twice, each in a child process with
-its own ephemeral API server: Prefect's defaults ("recorder_batch_1") and the setting ("recorder_batch_100").
-`--recorder-batch-size N` runs one configuration in this process.
-
-Caveat: 2 shared cores here (actors, learner, the ephemeral API server and other engineers' jobs all
-compete); numbers are noisy: read them as ratios from one run.
+Caveat: on a 2-core machine the learner, the actors (or the Invoke server), Redis, the API server
+and the database share the cores. Run it on an otherwise idle machine; read shares as ratios.
 """
 
 from __future__ import annotations
@@ -52,254 +47,479 @@ import functools
 import json
 import os
 import platform
+import re
+import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-_TMP = tempfile.mkdtemp(prefix="nitro-bench-orch-")
-os.environ.setdefault("PREFECT_HOME", os.path.join(_TMP, "prefect"))
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("MUJOCO_GL", "disable")
-os.environ.pop("NITRO_INJECT_FAILURE_AT_ROUND", None)
+from _common import fake_aws_credentials, start_invoke_server, stop_process  # noqa: E402
 
-RECORDER_ENV = ("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE",
-                "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE")
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+POSTGRES_SH = ROOT / "deployments" / "prefect" / "postgres.sh"
+TARGET_SHARE = 0.03
+
+
+# -- the child: one training run, instrumented ---------------------------------------------------
+
+
+class ApiTrace:
+    """Every HTTP call of Prefect's clients in this process: (start, seconds, method, endpoint, status)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, float, str, str, int]] = []
+        self._lock = threading.Lock()
+
+    def install(self) -> None:
+        import prefect.client.base as base
+
+        for cls, is_async in ((base.PrefectHttpxAsyncClient, True), (base.PrefectHttpxSyncClient, False)):
+            cls.send = self._wrap(cls.send, is_async)
+
+    def _record(self, start: float, request, status: int) -> None:
+        path = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "{id}", request.url.path)
+        with self._lock:
+            self.calls.append((start, time.monotonic() - start, request.method, path, status))
+
+    def _wrap(self, send, is_async: bool):
+        trace = self
+        if is_async:
+            async def asend(self, request, *args, **kwargs):
+                start, status = time.monotonic(), 0
+                try:
+                    response = await send(self, request, *args, **kwargs)
+                    status = response.status_code
+                    return response
+                finally:
+                    trace._record(start, request, status)
+            return asend
+
+        def ssend(self, request, *args, **kwargs):
+            start, status = time.monotonic(), 0
+            try:
+                response = send(self, request, *args, **kwargs)
+                status = response.status_code
+                return response
+            finally:
+                trace._record(start, request, status)
+        return ssend
+
+    def window(self, t0: float, t1: float) -> dict[str, dict[str, float]]:
+        """Calls that started in [t0, t1): count and milliseconds per endpoint."""
+        out: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "ms": 0.0})
+        for start, seconds, method, path, _ in self.calls:
+            if t0 <= start < t1:
+                out[f"{method} {path}"]["calls"] += 1
+                out[f"{method} {path}"]["ms"] += 1000 * seconds
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]["ms"]))
+
+    def errors(self) -> dict[str, int]:
+        counts: dict[str, int] = defaultdict(int)
+        for *_, method, path, status in self.calls:
+            if status >= 500 or status == 0:
+                counts[f"{status} {method} {path}"] += 1
+        return dict(counts)
 
 
 def _timed(store: list, fn):
-    """Wrap sync or async ``fn``; append its wall seconds to ``store``."""
+    """Wrap sync or async ``fn``; append its (start, seconds) to ``store``."""
     if asyncio.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def awrapper(*args, **kwargs):
-            t0 = time.perf_counter()
+            t0 = time.monotonic()
             try:
                 return await fn(*args, **kwargs)
             finally:
-                store.append(time.perf_counter() - t0)
+                store.append((t0, time.monotonic() - t0))
         return awrapper
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        t0 = time.perf_counter()
+        t0 = time.monotonic()
         try:
             return fn(*args, **kwargs)
         finally:
-            store.append(time.perf_counter() - t0)
+            store.append((t0, time.monotonic() - t0))
     return wrapper
 
 
-def run_training(args, home: Path) -> dict:
+class HealthProbe:
+    """GET /api/health every ``every_s`` in a thread: latency, or the error."""
+
+    def __init__(self, api_url: str, every_s: float = 0.5):
+        self.api_url, self.every_s = api_url, every_s
+        self.samples: list[tuple[float, float | None]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import httpx
+
+        with httpx.Client(timeout=30) as client:
+            while not self._stop.wait(self.every_s):
+                t0 = time.monotonic()
+                try:
+                    ok = client.get(f"{self.api_url}/health").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                self.samples.append((t0, (time.monotonic() - t0) if ok else None))
+
+    def __enter__(self) -> "HealthProbe":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=35)
+
+    def summary(self) -> dict:
+        ok = sorted(s for _, s in self.samples if s is not None)
+        return {"samples": len(self.samples), "failed": sum(s is None for _, s in self.samples),
+                "median_ms": 1000 * statistics.median(ok) if ok else None,
+                "p95_ms": 1000 * ok[int(0.95 * (len(ok) - 1))] if ok else None,
+                "max_ms": 1000 * ok[-1] if ok else None}
+
+
+def count_task_runs(api_url: str, name_prefix: str, state: str = "COMPLETED") -> int:
+    import httpx
+
+    body = {"task_runs": {"name": {"like_": name_prefix}, "state": {"type": {"any_": [state]}}}}
+    return int(httpx.post(f"{api_url}/task_runs/count", json=body, timeout=60).json())
+
+
+def child_main(args) -> int:
+    """One instrumented training run; writes its measurements as JSON to --child-out."""
     import flows.round
     import flows.training
     import tasks.bookkeeping
-    from nitro.runtime import ROUND_OBSERVERS
+    from nitro.runtime import ROUND_OBSERVERS, get_run
     from nitro.tracking import RunTracker
 
-    body_s: list[float] = []
-    record_s: list[float] = []
-    mlflow_log_s: list[float] = []
-    checkpoint_s: list[float] = []
+    trace = ApiTrace()
+    trace.install()
+    body, record, mlflow_log, checkpoint = [], [], [], []
     reports: list[dict] = []
+    cpu_at_record_end: list[float] = []
+    spans: list[float | None] = []
+    launched: list[float | None] = []
+    run_id = f"bench-orch-{args.actors}"
 
-    # body of the round flow, timed from inside the flow (the Flow object keeps its options)
-    flows.round.training_round.fn = _timed(body_s, flows.round.training_round.fn)
-    # the record-round task call as run_training makes it (module global looked up at call time)
-    flows.training.record_round = _timed(record_s, flows.training.record_round)
-    RunTracker.log_round = _timed(mlflow_log_s, RunTracker.log_round)
-    tasks.bookkeeping.save_checkpoint = _timed(checkpoint_s, tasks.bookkeeping.save_checkpoint)
-    ROUND_OBSERVERS.append(lambda _run, report: reports.append(dict(report.metrics)))
+    flows.round.training_round.fn = _timed(body, flows.round.training_round.fn)
+    flows.training.record_round = _timed(record, flows.training.record_round)
+    RunTracker.log_round = _timed(mlflow_log, RunTracker.log_round)
+    tasks.bookkeeping.save_checkpoint = _timed(checkpoint, tasks.bookkeeping.save_checkpoint)
 
+    def observe(run, report) -> None:
+        reports.append(dict(report.metrics))
+        cpu_at_record_end.append(time.process_time())
+        timings = getattr(get_run(run).backend, "timings", None)  # Lambda: when each invocation ran
+        ids = [t for t in (timings or {}) if f"-r{report.round:05d}-" in t]
+        spans.append(max(timings[i].answered or 0 for i in ids) - min(timings[i].started for i in ids) if ids else None)
+        launched.append(max((timings[i].sent or 0) for i in ids) - min(timings[i].started for i in ids) if ids else None)
+
+    ROUND_OBSERVERS.append(observe)
+    home = Path(tempfile.mkdtemp(prefix="nitro-bench-orch-home-"))
     overrides = [
         "env_id=Hopper-v5", "scaler.name=fixed", f"scaler.fixed_actors={args.actors}",
-        f"steps_per_actor={args.steps}", f"rounds={args.rounds}", f"backend.workers={args.workers}",
-        f"home={home}", f"tracking.mlflow_uri=sqlite:///{home}/mlflow.db",
+        f"scaler.i_max={max(64, args.actors)}", f"steps_per_actor={args.steps}", f"rounds={args.rounds}",
+        f"home={home}", f"tracking.mlflow_uri=sqlite:///{home}/mlflow.db", "eval.every_rounds=0",
     ]
-    t0 = time.perf_counter()
-    result = asyncio.run(flows.training.train(overrides=overrides, run_id="bench-orchestration"))
-    total_s = time.perf_counter() - t0
+    if args.lambda_url:
+        overrides += ["backend.kind=lambda", f"backend.lambda.endpoint_url={args.lambda_url}",
+                      "backend.lambda.function_name=nitro-actor-bench", f"backend.lambda.concurrency={args.actors}",
+                      "backend.lambda.function_timeout_s=120", "detector.subset_size=64"]
+    else:
+        overrides.append(f"backend.workers={args.workers}")
+    api_url = os.environ.get("PREFECT_API_URL")
+    t_start = time.monotonic()
+    cpu0 = time.process_time()
+    probe = HealthProbe(api_url) if api_url else None
+    if probe:
+        probe.__enter__()
+    try:
+        asyncio.run(flows.training.train(overrides=overrides, run_id=run_id))
+    finally:
+        if probe:
+            probe.__exit__()
+    run_end = time.monotonic()
     n = len(reports)
-    assert n == args.rounds and len(body_s) == n and len(record_s) == n, (n, len(body_s), len(record_s))
+    assert n == args.rounds == len(body) == len(record), (n, len(body), len(record))
 
     rows = []
+    prev_end, prev_cpu = None, cpu0
     for k, m in enumerate(reports):
+        rec_start, rec_s = record[k]
+        rec_end = rec_start + rec_s
         work = m["learner_s"] + m["detection_s"] + m["actor_s"]
-        iteration = m["round_s"] + record_s[k]
+        iteration = (rec_end - prev_end) if prev_end is not None else m["round_s"] + rec_s
+        window_start = prev_end if prev_end is not None else rec_start - m["round_s"]
         rows.append({
-            "round": k,
-            "learner_s": m["learner_s"], "detection_s": m["detection_s"], "actor_s": m["actor_s"], "work_s": work,
-            "round_s": m["round_s"], "orchestration_s": m["orchestration_s"],
-            "body_s": body_s[k], "subflow_call_s": m["round_s"] - body_s[k], "in_body_orch_s": body_s[k] - work,
-            "record_s": record_s[k], "mlflow_log_s": mlflow_log_s[k] if k < len(mlflow_log_s) else None,
-            "checkpoint_s": checkpoint_s[k], "iteration_s": iteration, "bookkeeping_s": iteration - work,
-            "env_steps": m["env_steps"], "actors_launched": m["actors_launched"],
+            "round": k, "learner_s": m["learner_s"], "detection_s": m["detection_s"], "actor_s": m["actor_s"],
+            "work_s": work, "round_s": m["round_s"], "orchestration_s_metric": m["orchestration_s"],
+            "body_s": body[k][1], "subflow_call_s": m["round_s"] - body[k][1], "in_body_orch_s": body[k][1] - work,
+            "record_s": rec_s, "mlflow_log_s": mlflow_log[k][1] if k < len(mlflow_log) else None,
+            "checkpoint_s": checkpoint[k][1] if k < len(checkpoint) else None,
+            "iteration_s": iteration, "bookkeeping_s": iteration - work,
+            "client_cpu_s": cpu_at_record_end[k] - prev_cpu,
+            "actors": m["actors_launched"], "actors_failed": m["actors_failed"],
+            "backend_span_s": spans[k], "launch_s": launched[k],
+            "api": trace.window(window_start, rec_end),
         })
-    return {"result": result, "total_s": total_s, "rows": rows}
+        prev_end, prev_cpu = rec_end, cpu_at_record_end[k]
+
+    out = {"rows": rows, "run_s": run_end - t_start, "api_errors": trace.errors(),
+           "health": probe.summary() if probe else None}
+    if args.lambda_url and api_url:  # what the server recorded, and how long after the run
+        expected, waited, seen = args.actors * args.rounds, 0.0, 0
+        while waited < args.record_wait_s:
+            seen = count_task_runs(api_url, "actor-")
+            if seen >= expected:
+                break
+            time.sleep(1.0)
+            waited = time.monotonic() - run_end
+        out["task_runs"] = {"expected_completed": expected, "completed": seen,
+                            "all_recorded_after_run_s": waited if seen >= expected else None,
+                            "state_events_per_task_run": 3}
+    Path(args.child_out).write_text(json.dumps(out, default=str))
+    return 0
+
+
+# -- the parent: servers, the matrix, the summary ------------------------------------------------
 
 
 def summarize(rows: list[dict]) -> dict:
-    def s(key):
-        return sum(r[key] for r in rows)
+    def total(key: str) -> float:
+        return sum(r[key] or 0.0 for r in rows)
 
-    it = s("iteration_s")
+    it = total("iteration_s")
+    api: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "ms": 0.0})
+    for r in rows:
+        for endpoint, v in r["api"].items():
+            api[endpoint]["calls"] += v["calls"] / len(rows)
+            api[endpoint]["ms"] += v["ms"] / len(rows)
     return {
         "rounds": len(rows),
         "iteration_s": it,
-        "work_s": s("work_s"),
-        "metric_share_orchestration_over_round": s("orchestration_s") / s("round_s"),
-        "share_bookkeeping_of_iteration": s("bookkeeping_s") / it,
-        "share_subflow_call": s("subflow_call_s") / it,
-        "share_in_body_orchestration": s("in_body_orch_s") / it,
-        "share_record_round": s("record_s") / it,
-        "share_mlflow_log": sum(r["mlflow_log_s"] or 0.0 for r in rows) / it,
-        "share_checkpoint": s("checkpoint_s") / it,
-        "share_learner": s("learner_s") / it,
-        "share_detection": s("detection_s") / it,
-        "share_actor": s("actor_s") / it,
-        "mean_subflow_call_s": s("subflow_call_s") / len(rows),
-        "mean_record_s": s("record_s") / len(rows),
-        "mean_in_body_orch_s": s("in_body_orch_s") / len(rows),
+        "work_s": total("work_s"),
+        "share_bookkeeping": total("bookkeeping_s") / it,
+        "metric_share_orchestration_over_round": total("orchestration_s_metric") / total("round_s"),
+        "share_subflow_call": total("subflow_call_s") / it,
+        "share_in_body_orchestration": total("in_body_orch_s") / it,
+        "share_record_round": total("record_s") / it,
+        "share_mlflow_log": total("mlflow_log_s") / it,
+        "share_checkpoint": total("checkpoint_s") / it,
+        "share_learner": total("learner_s") / it,
+        "share_detection": total("detection_s") / it,
+        "share_actor": total("actor_s") / it,
+        "mean_iteration_s": it / len(rows),
+        "mean_bookkeeping_ms": 1000 * total("bookkeeping_s") / len(rows),
+        "mean_subflow_call_ms": 1000 * total("subflow_call_s") / len(rows),
+        "mean_in_body_orch_ms": 1000 * total("in_body_orch_s") / len(rows),
+        "mean_record_ms": 1000 * total("record_s") / len(rows),
+        "mean_client_cpu_s": total("client_cpu_s") / len(rows),
+        "api_per_round": dict(sorted(api.items(), key=lambda kv: -kv[1]["ms"])),
+        "api_ms_per_round": sum(v["ms"] for v in api.values()),
     }
 
 
-def probe_subflows(calls: int) -> dict:
-    """Trivial async vs sync subflow calls from one async parent flow (same API server)."""
-    from prefect import flow
-
-    @flow(name="probe-async-child", persist_result=False)
-    async def async_child(i: int) -> int:
-        return i
-
-    @flow(name="probe-sync-child", persist_result=False)
-    def sync_child(i: int) -> int:
-        return i
-
-    @flow(name="probe-parent", persist_result=False)
-    async def parent(n: int) -> dict:
-        out = {"async": [], "sync": []}
-        for i in range(n):
-            t0 = time.perf_counter()
-            await async_child(i)
-            out["async"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            sync_child(i)
-            out["sync"].append(time.perf_counter() - t0)
-        return out
-
-    times = asyncio.run(parent(calls))
-    return {kind: {"calls_s": v, "median_s": statistics.median(v), "mean_s": statistics.fmean(v)}
-            for kind, v in times.items()}
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--actors", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=512)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--probe-calls", type=int, default=5)
-    parser.add_argument("--recorder-batch-size", type=int, default=None,
-                        help="run one configuration here with this task-run recorder batch size")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "orchestration_overhead.json")
-    args = parser.parse_args()
-    if args.recorder_batch_size is None:
-        return compare(args)
-    for name in RECORDER_ENV:
-        os.environ[name] = str(args.recorder_batch_size)
+class PrefectServer:
+    """``prefect server start`` in its own PREFECT_HOME on a free port; SQLite unless ``db_url``."""
+
+    def __init__(self, workdir: Path, db_url: str | None = None):
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.home = workdir / "prefect-server-home"
+        self.log = workdir / "prefect-server.log"
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/api"
+        env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME")}
+        env.update(PREFECT_HOME=str(self.home), PREFECT_UI_ENABLED="false", PREFECT_SERVER_LOGGING_LEVEL="WARNING")
+        if db_url:
+            env["PREFECT_API_DATABASE_CONNECTION_URL"] = db_url
+        self.proc = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+                                     env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        import httpx
+
+        deadline = time.monotonic() + 120
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prefect server exited: {self.log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"prefect server not healthy in 120 s: {self.log.read_text()[-2000:]}")
+            time.sleep(0.5)
+
+    def locked_lines(self) -> int:
+        return self.log.read_text(errors="replace").lower().count("database is locked")
+
+    def stop(self) -> None:
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+        except ProcessLookupError:
+            pass
+
+
+def run_child(args, actors: int, api_url: str | None, lambda_url: str | None, rounds: int, workdir: Path) -> dict:
+    out = workdir / f"child-{actors}-{time.monotonic_ns()}.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME")}
+    env["PREFECT_HOME"] = str(workdir / f"client-home-{actors}-{time.monotonic_ns()}")  # a fresh ephemeral server
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    cmd = [sys.executable, __file__, "--child-out", str(out), "--child-actors", str(actors), "--rounds", str(rounds),
+           "--steps", str(args.steps if not lambda_url else 4), "--workers", str(args.workers),
+           "--record-wait-s", str(args.record_wait_s)]
+    if lambda_url:
+        cmd += ["--child-lambda-url", lambda_url]
+    subprocess.run(cmd, check=True, env=env, cwd=str(ROOT))
+    result = json.loads(out.read_text())
+    result["summary_all_rounds"] = summarize(result["rows"])
+    result["summary_steady_rounds"] = summarize(result["rows"][1:]) if len(result["rows"]) > 1 else None
+    return result
+
+
+def describe(label: str, r: dict) -> str:
+    s = r["summary_steady_rounds"] or r["summary_all_rounds"]
+    api = ", ".join(f"{k} {v['ms']:.0f} ms" for k, v in list(s["api_per_round"].items())[:4])
+    return (f"{label}: bookkeeping {100 * s['share_bookkeeping']:.2f}% of a steady round (target <= "
+            f"{100 * TARGET_SHARE:.0f}%; {s['mean_bookkeeping_ms']:.0f} ms of {s['mean_iteration_s']:.2f} s): "
+            f"subflow call {s['mean_subflow_call_ms']:.0f} ms, tasks in the round {s['mean_in_body_orch_ms']:.0f} ms, "
+            f"record-round {s['mean_record_ms']:.0f} ms; client CPU {s['mean_client_cpu_s']:.2f} s/round; "
+            f"API per round {s['api_ms_per_round']:.0f} ms ({api})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--actors", default="8,16,64", help="actor counts for part 1")
+    p.add_argument("--apis", default="ephemeral,server", help="ephemeral (nitro train's own) and/or server")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--steps", type=int, default=512)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--big-round", type=int, default=0, help="part 2: actors in each round through a real server (0: skip)")
+    p.add_argument("--big-dbs", default="sqlite,postgres")
+    p.add_argument("--big-rounds", type=int, default=3)
+    p.add_argument("--big-duration", type=float, default=1.0, help="simulated actor duration (s) in part 2")
+    p.add_argument("--record-wait-s", type=float, default=300.0, help="part 2: how long to wait for the server to record every task run")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "orchestration_overhead.json")
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    p.add_argument("--child-actors", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--child-lambda-url", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    from flows.settings import apply_prefect_defaults
+
+    apply_prefect_defaults()  # what `nitro train` and the README's server command use
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    if args.child_out:
+        args.actors, args.lambda_url = args.child_actors, args.child_lambda_url
+        return child_main(args)
 
     import mlflow
     import prefect
     import torch
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    workdir = Path(tempfile.mkdtemp(prefix="nitro-bench-orch-"))
     load_before = os.getloadavg()
-    run = run_training(args, Path(_TMP) / "home")
-    probe = probe_subflows(args.probe_calls)
-    rows = run["rows"]
-    all_rounds = summarize(rows)
-    steady = summarize(rows[1:]) if len(rows) > 1 else None
+    started = time.monotonic()
+    share: dict[str, dict] = {}
+    for api in [a for a in args.apis.split(",") if a]:
+        server = PrefectServer(workdir / f"{api}-server") if api == "server" else None
+        try:
+            for n in [int(x) for x in args.actors.split(",") if x]:
+                label = f"{api}/{n} actors"
+                print(f"\n=== {label} ===", flush=True)
+                share[label] = run_child(args, n, server.url if server else None, None, args.rounds, workdir)
+                print(describe(label, share[label]), flush=True)
+        finally:
+            if server:
+                server.stop()
 
-    print(f"{'k':>2} {'learn':>6} {'detect':>6} {'actors':>6} {'round':>6} {'body':>6} {'subflow':>7} "
-          f"{'in-body':>7} {'record':>6} {'mlflow':>6} {'ckpt':>5}  bookkeeping")
-    for r in rows:
-        print(f"{r['round']:>2} {r['learner_s']:6.2f} {r['detection_s']:6.2f} {r['actor_s']:6.2f} {r['round_s']:6.2f} "
-              f"{r['body_s']:6.2f} {r['subflow_call_s']:7.3f} {r['in_body_orch_s']:7.3f} {r['record_s']:6.3f} "
-              f"{(r['mlflow_log_s'] or 0):6.3f} {r['checkpoint_s']:5.3f}  {r['bookkeeping_s']:.3f} s "
-              f"({100 * r['bookkeeping_s'] / r['iteration_s']:.1f}%)")
-    for label, s in (("all rounds", all_rounds), ("rounds >= 1", steady)):
-        if s is None:
-            continue
-        print(f"\n{label}: Prefect+MLflow bookkeeping = {100 * s['share_bookkeeping_of_iteration']:.2f}% of loop wall time "
-              f"(target <= 5%); engine metric sum(orchestration_s)/sum(round_s) = "
-              f"{100 * s['metric_share_orchestration_over_round']:.2f}%")
-        print(f"  subflow call {100 * s['share_subflow_call']:.2f}% (mean {s['mean_subflow_call_s'] * 1000:.0f} ms), "
-              f"tasks inside the round {100 * s['share_in_body_orchestration']:.2f}%, "
-              f"record-round {100 * s['share_record_round']:.2f}% (MLflow log {100 * s['share_mlflow_log']:.2f}%, "
-              f"checkpoint {100 * s['share_checkpoint']:.2f}%)")
-        print(f"  work: learner {100 * s['share_learner']:.1f}%, detection {100 * s['share_detection']:.1f}%, "
-              f"actors {100 * s['share_actor']:.1f}%")
-    print(f"\ntrivial subflow call from an async parent (median of {args.probe_calls}): "
-          f"async {probe['async']['median_s'] * 1000:.0f} ms, sync {probe['sync']['median_s'] * 1000:.0f} ms")
+    big: dict[str, dict] = {}
+    if args.big_round:
+        fake_aws_credentials()
+        n = args.big_round
+        inv_proc, inv_url = start_invoke_server("nitro-actor-bench", concurrency=n + 16, duration_s=args.big_duration,
+                                                threads_per_worker=n // 2 + 8, workdir=str(workdir), timeout_s=120)
+        try:
+            for db in [d for d in args.big_dbs.split(",") if d]:
+                print(f"\n=== {n} actors per round, prefect server on {db} ===", flush=True)
+                pg_dir = Path(tempfile.mkdtemp(prefix="nitro-bench-pg-"))  # reachable by the postgres user
+                db_url = None
+                if db == "postgres":
+                    if not shutil.which("bash"):
+                        raise SystemExit("bash is needed for deployments/prefect/postgres.sh")
+                    db_url = subprocess.run(["bash", str(POSTGRES_SH), "start", str(pg_dir)], check=True,
+                                            capture_output=True, text=True).stdout.strip()
+                server = PrefectServer(workdir / f"big-{db}", db_url)
+                try:
+                    r = run_child(args, n, server.url, inv_url, args.big_rounds, workdir)
+                    r["database_locked_lines_in_server_log"] = server.locked_lines()
+                    r["database"] = db
+                finally:
+                    server.stop()
+                    if db == "postgres":
+                        subprocess.run(["bash", str(POSTGRES_SH), "stop", str(pg_dir)], check=False)
+                big[db] = r
+                rows = r["rows"]
+                print(describe(f"{db}/{n} actors", r), flush=True)
+                print(f"  round wall {[round(x['iteration_s'], 2) for x in rows]} s, launch (last request left) "
+                      f"{[None if x['launch_s'] is None else round(x['launch_s'], 3) for x in rows]} s; task runs "
+                      f"{r.get('task_runs')}; health {r['health']}; 5xx {r['api_errors']}; 'database is locked' "
+                      f"lines {r['database_locked_lines_in_server_log']}", flush=True)
+        finally:
+            stop_process(inv_proc)
 
     out = {
         "bench": "orchestration_overhead",
-        "task_run_recorder_batch_size": args.recorder_batch_size,
+        "target_share": TARGET_SHARE,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "shared": True},
+                    "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
         "versions": {"prefect": prefect.__version__, "mlflow": mlflow.__version__, "torch": torch.__version__},
-        "config": {"env_id": "Hopper-v5", "scaler": "fixed", "actors_per_round": args.actors,
-                   "steps_per_actor": args.steps, "rounds": args.rounds, "backend_workers": args.workers,
-                   "prefect_api": "ephemeral", "mlflow_store": "sqlite (temporary)"},
-        "target_share": 0.05,
-        "summary_all_rounds": all_rounds,
-        "summary_steady_rounds": steady,
-        "rounds": rows,
-        "subflow_probe": probe,
-        "run_total_s": run["total_s"],
-        "note": ("ratios from one run on a shared 2-core machine; bookkeeping = Prefect + MLflow + checkpoint "
-                 "time per loop turn = (round_s + record_s) - (learner_s + detection_s + actor_s)"),
+        "prefect_env": {k: v for k, v in os.environ.items() if k.startswith("PREFECT_SERVER_SERVICES")},
+        "config": {"env_id": "Hopper-v5", "algo": "ppo", "scaler": "fixed", "steps_per_actor": args.steps,
+                   "rounds": args.rounds, "backend_workers": args.workers, "eval": "off",
+                   "big_round": {"actors": args.big_round, "rounds": args.big_rounds,
+                                 "simulated_duration_s": args.big_duration} if args.big_round else None},
+        "share": share,
+        "big_round": big,
+        "wall_s": time.monotonic() - started,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2, default=str) + "\n")
-    print(f"wrote {args.out}")
-    return 0
-
-
-def compare(args) -> int:
-    """Both recorder configurations, each in a child process with its own ephemeral API server."""
-    import subprocess
-
-    results = {}
-    for size in (1, 100):
-        child_out = Path(_TMP) / f"recorder-{size}.json"
-        cmd = [sys.executable, __file__, "--rounds", str(args.rounds), "--actors", str(args.actors),
-               "--steps", str(args.steps), "--workers", str(args.workers), "--probe-calls", str(args.probe_calls),
-               "--recorder-batch-size", str(size), "--out", str(child_out)]
-        print(f"\n=== task_run_recorder batch size {size}" + (" (Prefect default)" if size == 1 else "") + " ===",
-              flush=True)
-        env = {k: v for k, v in os.environ.items() if k != "PREFECT_HOME"}  # a fresh API server each
-        subprocess.run(cmd, check=True, env=env)
-        results[f"recorder_batch_{size}"] = json.loads(child_out.read_text())
-
-    print("\n=== summary (ratios from one run each, same machine, back to back) ===")
-    for name, r in results.items():
-        s_all, s_st = r["summary_all_rounds"], r["summary_steady_rounds"]
-        print(f"{name:>20}: bookkeeping {100 * s_all['share_bookkeeping_of_iteration']:.2f}% of loop wall time "
-              f"(rounds>=1: {100 * s_st['share_bookkeeping_of_iteration']:.2f}%), subflow call mean "
-              f"{1000 * s_all['mean_subflow_call_s']:.0f} ms; engine metric orchestration_s/round_s "
-              f"{100 * s_all['metric_share_orchestration_over_round']:.2f}%; trivial subflow async "
-              f"{1000 * r['subflow_probe']['async']['median_s']:.0f} ms vs sync {1000 * r['subflow_probe']['sync']['median_s']:.0f} ms")
-    out = {"bench": "orchestration_overhead", "target_share": 0.05, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "recommended_server_env": {name: "100" for name in RECORDER_ENV}, "runs": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print("\n| path | actors | steady round | bookkeeping | share | subflow call | tasks in round | record-round | API / round |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for label, r in list(share.items()) + [(f"server on {db}/{r['rows'][0]['actors']:.0f} actors", r) for db, r in big.items()]:
+        s = r["summary_steady_rounds"] or r["summary_all_rounds"]
+        api, n = label.split("/")
+        print(f"| {api} | {n.split()[0]} | {s['mean_iteration_s']:.2f} s | {s['mean_bookkeeping_ms']:.0f} ms | "
+              f"{100 * s['share_bookkeeping']:.2f}% | {s['mean_subflow_call_ms']:.0f} ms | {s['mean_in_body_orch_ms']:.0f} ms | "
+              f"{s['mean_record_ms']:.0f} ms | {s['api_ms_per_round']:.0f} ms |")
     print(f"wrote {args.out}")
     return 0
 

@@ -5,14 +5,14 @@ each run's actors). Each cell is an MLflow run nested under ONE parent MLflow ru
 ``mlflow.parentRunId``); the parent is created with ``MlflowClient`` (never the fluent API) and
 found again by its tag ``nitro.experiment_parent`` on a re-run.
 
-Resumable: a cell's run id is deterministic (``nitro.experiment.cell_run_id``), so re-running the
+Resumable: a cell's run id is deterministic (``nitro.experiments.cell_run_id``), so re-running the
 flow (or retrying its flow run) finds each cell's checkpoints. A cell whose checkpoint reached its
 stop (round limit, budget or target) is skipped; a cell that failed mid-way resumes from its last
 completed round. A failing cell does not stop the others (``fail_fast=False``); the flow fails at
 the end, after writing the report of what finished, so a retry only redoes what is missing.
 
 ``random`` cells get the measured mean actors per round of their (env, algo, seed)'s nitro cell,
-which the run order puts first (see ``nitro/experiment.py``).
+which the run order puts first (see ``nitro/experiments/__init__.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from prefect import flow, runtime
 from prefect.artifacts import acreate_link_artifact, acreate_markdown_artifact
 
-from nitro.experiment import (
+from nitro.experiments import (
     Cell,
     ExperimentSpec,
     build_report,
@@ -187,8 +187,8 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
             continue
         mark_done(config, run_id, result)
         results[cell.key] = {**result, "state": "ran"}
-        ret = result.get("final_return_mean")
-        log.info("cell %d/%d %s: %d rounds, %s, final return %s, spend $%.4f", i, len(cells), cell.key,
+        ret = result.get("final_eval_return")
+        log.info("cell %d/%d %s: %d rounds, %s, final evaluation return %s, spend $%.4f", i, len(cells), cell.key,
                  result["rounds_done"], result["stop_reason"],
                  "n/a" if ret is None or (isinstance(ret, float) and math.isnan(ret)) else f"{ret:.1f}",
                  result["spend_usd"])
@@ -238,7 +238,7 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
 
 
 def _summary_markdown(report) -> str:
-    from nitro.experiment import format_summary
+    from nitro.experiments import format_summary
 
     main = [s for s in report.summary if not s.get("sensitivity")]
     return format_summary(main) if main else "No finished cells."

@@ -8,20 +8,26 @@ re-charged. ``nitro resume <run>`` does the same from the command line.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import time
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
 
 from prefect import flow, runtime
+from prefect.context import SyncClientContext
 from prefect.task_runners import ThreadPoolTaskRunner
+from pydantic import Field
 
 from flows.round import asynchronous_round, training_round
 from nitro.checkpoint import run_dir
 from nitro.config import NitroConfig
-from nitro.runtime import open_run
-from tasks.bookkeeping import publish_round_table, record_round
-from tasks.tracking import attach_mlflow, finish_mlflow
+from nitro.failures import describe_failure
+from nitro.runtime import RunContext, open_run
+from nitro.tracking import default_tracking_uri
+from tasks.bookkeeping import record_round, tidy_previous_attempts
+from tasks.tracking import attach_mlflow, finish_mlflow, flow_run_url
 
 log = logging.getLogger("nitro")
 
@@ -34,28 +40,83 @@ def default_run_id() -> str:
     return f"run-{str(flow_run_id).replace('-', '')[:12]}" if flow_run_id else f"run-{os.getpid()}-{int(time.time())}"
 
 
+# The flow's parameters are what the Prefect UI's run form shows: each has a type, a default (the
+# built-in config's; tests/test_cockpit.py keeps them equal) and a description, parsed by
+# Prefect from the Args section below.
 @flow(name="nitro-train", persist_result=False, log_prints=True)
 async def train(
-    env_id: EnvId | None = None,
-    algo: Literal["ppo", "impact"] | None = None,
-    scaler: Scaler | None = None,
-    rounds: int | None = None,
-    seed: int | None = None,
-    budget_usd: float | None = None,
-    steps_per_actor: int | None = None,
-    backend: Literal["local", "lambda"] | None = None,
-    overrides: list[str] | None = None,
-    config_path: str | None = None,
-    run_id: str | None = None,
+    env_id: EnvId = "Hopper-v5",
+    algo: Literal["ppo", "impact"] = "ppo",
+    scaler: Scaler = "nitro",
+    rounds: Annotated[int, Field(ge=1)] = 50,
+    seed: Annotated[int, Field(ge=0)] = 0,
+    budget_usd: Annotated[float, Field(ge=0)] = 0.0,
+    steps_per_actor: Annotated[int, Field(ge=1)] = 512,
+    backend: Literal["local", "lambda"] = "local",
+    overrides: Sequence[str] = (),
+    config_path: str = "",
+    run_id: str = "",
 ) -> dict:
-    """Train one agent with Nitro. ``overrides`` are dotted ``key=value`` pairs for any config
-    field (e.g. ``ppo.lr=1e-4``, ``scaler.i_max=32``); ``run_id`` resumes or names a run. Unset
-    parameters keep the value from ``config_path``, else the built-in default."""
-    given = {"env_id": env_id, "algo": algo, "scaler.name": scaler, "rounds": rounds, "seed": seed,
-             "budget_usd": budget_usd, "steps_per_actor": steps_per_actor, "backend.kind": backend}
-    base = [f"{key}={value}" for key, value in given.items() if value is not None]
-    config = NitroConfig.from_yaml(config_path, base + list(overrides or []))
+    """Train one agent with Nitro: rounds of policy update, boosting detection, scaling decision
+    and actors, tracked in MLflow.
+
+    A field left at its default keeps the value from ``config_path`` if one is given.
+
+    Args:
+        env_id: Gymnasium environment to train on (MuJoCo or Atari; the paper's six).
+        algo: Learning algorithm: ppo (on-policy) or impact (off-policy, learns while actors act).
+        scaler: How many actors each round gets: nitro (Hessian-guided boosting), fixed, always
+            (the maximum), hydrozoa, kungfu or random (baselines).
+        rounds: How many training rounds to run at most (numbered 0 to rounds-1).
+        seed: Random seed; a run is reproducible from its config and seed.
+        budget_usd: Stop once this much money is spent (learner plus actors); 0 means no limit.
+        steps_per_actor: Environment steps each actor collects per round (paper: 256-512).
+        backend: Where actors run: local processes on the worker, or AWS Lambda.
+        overrides: Any other config field as key=value, one per item, e.g. ppo.lr=1e-4,
+            scaler.fixed_actors=16, eval.every_rounds=5 (`nitro config` lists them all).
+        config_path: Optional YAML config file on the worker's machine; a field above that differs
+            from its default overrides the file.
+        run_id: Optional Nitro run id: names the run, or resumes that run from its last checkpoint.
+            Empty: derived from this flow run's id.
+    """
+    parameters = dict(locals())  # the first statement: exactly the flow's parameters
+    _send_round_lines_to_prefect()
+    config = config_from_parameters(parameters)
     return await run_training(config, run_id or default_run_id())
+
+
+# train's fields and the config keys they set
+_FIELDS = {"env_id": "env_id", "algo": "algo", "scaler": "scaler.name", "rounds": "rounds", "seed": "seed",
+           "budget_usd": "budget_usd", "steps_per_actor": "steps_per_actor", "backend": "backend.kind"}
+
+
+def config_from_parameters(parameters: Mapping[str, Any]) -> NitroConfig:
+    """The run's config from ``train``'s parameters: the YAML at ``config_path`` (if any), then
+    each field that differs from its default, then ``overrides``. A field left at its default
+    thus keeps the file's value, which is what a form with prefilled defaults needs."""
+    defaults = {name: p.default for name, p in inspect.signature(train.fn).parameters.items()}
+    base = [f"{key}={parameters[name]}" for name, key in _FIELDS.items() if parameters[name] != defaults[name]]
+    return NitroConfig.from_yaml(parameters["config_path"] or None, base + list(parameters["overrides"]))
+
+
+def _close_failed(ctx: RunContext) -> None:
+    """Mark the MLflow run FAILED, if it was attached; a store that is itself the failure must
+    not hide the original error."""
+    if ctx.tracker is None:
+        return
+    try:
+        finish_mlflow(ctx.run_id, "FAILED")
+    except Exception as exc:
+        log.warning("run %s: could not mark the MLflow run failed: %s", ctx.run_id, exc)
+
+
+def _send_round_lines_to_prefect() -> None:
+    """Let the ``nitro`` logger's INFO lines (one per round) through. Under a worker,
+    ``PREFECT_LOGGING_EXTRA_LOGGERS=nitro`` gives the logger Prefect's API handler, but not a
+    level, so it stayed at the root's WARNING and the run's Logs tab showed no round."""
+    logger = logging.getLogger("nitro")
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
 
 
 async def run_training(config: NitroConfig, run_id: str) -> dict:
@@ -63,28 +124,40 @@ async def run_training(config: NitroConfig, run_id: str) -> dict:
     off_policy_async = config.algo == "impact" and config.impact.asynchronous
     round_flow = (asynchronous_round if off_policy_async else training_round).with_options(
         task_runner=ThreadPoolTaskRunner(max_workers=max(config.scaler.i_max, config.scaler.fixed_actors) + 4))
-    with open_run(config, run_id) as ctx:
-        attach_mlflow(run_id)
+    # One Prefect API client for every task of the run: without it, each task run built its own
+    # client, SSL context included (~20 ms of CPU each; bench/orchestration_overhead.py).
+    with open_run(config, run_id) as ctx, SyncClientContext.get_or_create():
+        if ctx.resumed_from is not None or (runtime.flow_run.run_count or 1) > 1:
+            tidy_previous_attempts(run_id)  # a killed attempt's round subflow would stay "Running"
         stop = None
         try:
+            attach_mlflow(run_id)
             for k in range(ctx.trainer.next_round, config.rounds):
                 started = time.perf_counter()
-                await round_flow(run_id, k)
-                stop = record_round(run_id, k, time.perf_counter() - started)
+                report = await round_flow(run_id, k)
+                report = record_round(run_id, report, time.perf_counter() - started)
+                stop = report.stop_reason
                 if stop:
                     break
-        except BaseException:
-            finish_mlflow(run_id, "FAILED")
-            raise
-        publish_round_table(run_id)
+        except BaseException as exc:
+            _close_failed(ctx)
+            urls = {"Redis": ctx.redis_url, "MLflow store": default_tracking_uri(config)}
+            failure = describe_failure(exc, run_id, config.home, urls)  # one line, with the resume command
+            if failure is None:
+                raise
+            raise failure from exc
         finish_mlflow(run_id)
-        history = ctx.trainer.history
+        final = ctx.trainer.final_return()
         return {
             "run_id": run_id,
-            "mlflow_run_id": ctx.extras["mlflow_run_id"],
+            "mlflow_run_id": ctx.mlflow_run_id,
+            "mlflow_url": ctx.tracker.run_url(ctx.mlflow_run_id),
+            "prefect_url": flow_run_url(),
             "rounds_done": ctx.trainer.next_round,
             "stop_reason": stop or "round_limit",
-            "final_return_mean": ctx.trainer.final_return(),
+            # the last evaluation: whole episodes, mean action (None if the run never evaluated)
+            "final_eval_return": final[1] if final else None,
+            "final_eval_round": final[0] if final else None,
             "spend_usd": ctx.trainer.ledger.spent_usd,
             "checkpoints": str(run_dir(config.home, run_id)),
         }

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+INFLIGHT_FILE = "inflight.json"
 _TENSOR = "__tensor__"
 _INTKEYS = "__intkeys__"
 _NDARRAY = "__ndarray__"
@@ -108,6 +109,30 @@ def load_checkpoint(home: str | Path, run_id: str, round_idx: int | None = None)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {path} is unreadable: {exc}") from None
     return round_idx, _join(tree, tensors)
+
+
+def save_inflight(home: str | Path, run_id: str, round_idx: int, invocation_ids: list[str]) -> str:
+    """Record, before any of them is invoked, the invocations round ``round_idx`` is about to
+    start; returns the id of this attempt at the round. If the learner dies before the round's
+    checkpoint, the resumed run bills these (Lambda bills them whether or not anyone waits for
+    the answer); a checkpointed round makes the record stale (its round is below the next one)."""
+    attempt = os.urandom(6).hex()
+    path = run_dir(home, run_id) / INFLIGHT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"round": int(round_idx), "attempt": attempt, "invocations": list(invocation_ids)}))
+    os.replace(tmp, path)
+    return attempt
+
+
+def load_inflight(home: str | Path, run_id: str) -> dict[str, Any] | None:
+    """The last ``save_inflight`` record of a run ({round, attempt, invocations}), or None."""
+    path = run_dir(home, run_id) / INFLIGHT_FILE
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and {"round", "attempt", "invocations"} <= set(record) else None
 
 
 def prune_checkpoints(home: str | Path, run_id: str, keep: int) -> None:

@@ -3,7 +3,7 @@
 Each row comes from one MLflow run logged by ``nitro.tracking.RunTracker``: identity from its
 tags (``env``, ``algo``, ``scaler``, ``seed``; falling back to the params ``env_id``, ``algo``,
 ``scaler.name``, ``seed``), progress and results from its latest metrics (``round``,
-``return_mean``, ``spend_total_usd``). The same tags, params and metrics are what the MLflow UI's
+``eval_return_mean``, ``spend_total_usd``). The same tags, params and metrics are what the MLflow UI's
 compare view lines up, so the table and the UI agree.
 """
 
@@ -34,7 +34,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("scaler", "scaler"),
     ("seed", "seed"),
     ("rounds_done", "rounds"),
-    ("final_return", "final return"),
+    ("final_return", "final eval return"),
     ("total_spend_usd", "spend USD"),
     ("status", "status"),
     ("mlflow_run_id", "mlflow run id"),
@@ -125,10 +125,10 @@ def _row(client: MlflowClient, run, experiment_names: Mapping[str, str]) -> dict
     last_round = metrics.get(SENTINEL_METRIC)
     row["rounds_done"] = int(last_round) + 1 if last_round is not None else 0
     row["rounds_limit"] = _int_or_none(params.get("rounds"))
-    # A budget stop ends with a round that launched no actors (return_mean NaN): the final return
-    # is that of the last round with finished episodes.
-    final = metrics.get("return_mean")
-    row["final_return"] = final if _finite(final) else last_finite_metric(client, run.info.run_id, "return_mean")
+    # The final return is the last evaluation's (whole episodes, mean action); rounds between
+    # evaluations log NaN, so it is the last finite value.
+    final = metrics.get("eval_return_mean")
+    row["final_return"] = final if _finite(final) else last_finite_metric(client, run.info.run_id, "eval_return_mean")
     row["total_spend_usd"] = metrics.get("spend_total_usd")
     row["env_steps_total"] = metrics.get("env_steps_total")
     row["status"] = run.info.status

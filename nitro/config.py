@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from nitro.envs import SUPPORTED_ENVS
+from nitro.envs import UnknownEnvError, check_env_id
 
 
 class ConfigError(ValueError):
@@ -62,8 +62,27 @@ class ImpactConfig(_Section):
     max_grad_norm: float = Field(0.5, gt=0)
     epochs: int = Field(2, ge=1, description="passes over each update's data (new + replayed batches)")
     replay_ratio: float = Field(1.0, ge=0, description="replayed batches per new batch in an update")
+    vtrace_lambda: float = Field(1.0, ge=0, le=1, description="lambda in V-trace's trace cutters "
+                                 "c_i = lambda * min(c_bar, pi/mu); 1 is the paper's V-trace")
+    normalize_rewards: bool = Field(True, description="divide rewards by the running std of discounted "
+                                    "returns, as PPO does")
+    replay_checkpoint_max_bytes: int = Field(64 * 1024 * 1024, ge=0, description="checkpoints include the "
+                                             "replay buffer's batches up to this size, else drop them")
     asynchronous: bool = Field(True, description="update while the round's actors run (paper §4); "
                                "False: update on the previous round's batches first, like PPO")
+
+
+class ModelConfig(_Section):
+    """The MLP's shape for vector observations (image observations use the fixed CNN)."""
+
+    hidden: list[int] = Field(default_factory=lambda: [256, 256], min_length=1, description="hidden layer widths")
+    activation: Literal["tanh", "relu"] = "tanh"
+    log_std_init: float = Field(0.0, description="initial log standard deviation of the Gaussian policy")
+
+    def architecture(self):
+        from nitro.models import Architecture
+
+        return Architecture(hidden=tuple(self.hidden), activation=self.activation, log_std_init=self.log_std_init)
 
 
 ScalerName = Literal["nitro", "fixed", "always", "hydrozoa", "kungfu", "random"]
@@ -100,6 +119,18 @@ class DetectorConfig(_Section):
     lanczos_steps: int = Field(12, ge=4, description="12 steps matched 60 to 1e-4 on Hopper (bench/detector.py)")
 
 
+class EvalConfig(_Section):
+    """Evaluation, as SB3's EvalCallback and RLlib's evaluation_interval: the current policy plays
+    whole episodes on the same backend as the actors, billed like them."""
+
+    every_rounds: int = Field(10, ge=0, description="evaluate in round 0, every N rounds and in the last "
+                              "round; 0: never (the target reward is then judged on training returns)")
+    episodes: int = Field(5, ge=1, description="whole episodes per evaluation, with the mean action and "
+                          "again with sampled actions; one invocation each")
+    max_steps: int | None = Field(None, ge=1, description="step cap of one evaluation episode "
+                                  "(default: the env's time limit, else 27000)")
+
+
 class LambdaConfig(_Section):
     function_name: str = "nitro-actor"
     qualifier: str | None = None
@@ -110,6 +141,9 @@ class LambdaConfig(_Section):
     function_timeout_s: int = Field(300, ge=1, le=900)
     provisioned_concurrency: int = Field(0, ge=0)
     max_throttle_retries: int = Field(8, ge=0)
+    invoker: Literal["aiohttp", "boto3"] = Field(
+        "aiohttp", description="aiohttp: one event loop, SigV4-signed requests (a flat fan-out); "
+        "boto3: the SDK's invoke in a thread pool (the fallback)")
     actor_cache_url: str | None = Field(
         None, description="Redis URL the functions use, as the actor ACL user (rediss://nitro-actor@host:6379/0?...); "
         "no password inside. None: the learner's URL")
@@ -153,14 +187,57 @@ class TrackingConfig(_Section):
     experiment: str = "nitro"
 
 
-class NitroConfig(_Section):
-    """Everything a run needs. Defaults are the paper's."""
+Preset = Literal["nitro", "paper"]
 
+# What a preset sets beneath the values a user gives, by env family ("vector": MLP policies,
+# "image": Atari and other image observations, CNN). Fields a preset does not name keep the
+# defaults written below, which are the paper's Table 1 (SPEC.md). "paper" is that table with the
+# paper's networks and batch sizes, for replicating the paper; "nitro" are the defaults tuned here
+# (docs/tuning.md: what was tried, on which seeds, and what it gave).
+PRESETS: dict[tuple[str, str], dict[str, Any]] = {
+    ("paper", "vector"): {"steps_per_actor": 512},
+    ("paper", "image"): {"steps_per_actor": 32},  # 8 actors x 32 = the paper's 256-sample Atari batch
+    ("nitro", "vector"): {
+        "steps_per_actor": 512,
+        # SB3's / CleanRL's PPO settings on the paper's 2x256 networks, without the KL penalty
+        "ppo": {"lr": 3e-4, "clip": 0.2, "kl_coef": 0.0, "vf_coef": 0.5, "minibatch_size": 64},
+    },
+    ("nitro", "image"): {
+        "steps_per_actor": 128,  # CleanRL's ppo_atari: 8 envs x 128 steps, 4 epochs of 4 minibatches
+        "ppo": {"lr": 2.5e-4, "clip": 0.1, "kl_coef": 0.0, "entropy_coef": 0.01, "vf_coef": 0.5, "epochs": 4,
+                "minibatch_size": 256, "normalize_rewards": False},
+    },
+}
+
+
+def _env_family(env_id: Any) -> str:
+    from nitro.envs import UnknownEnvError, env_spec
+
+    if isinstance(env_id, str) and env_id.startswith("ALE/"):
+        return "image"
+    try:
+        return "image" if env_spec(str(env_id)).is_image else "vector"
+    except UnknownEnvError:
+        return "vector"  # the env_id validator reports it
+
+
+def _beneath(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``defaults`` with ``given`` on top, section by section."""
+    out = dict(defaults)
+    for key, value in given.items():
+        out[key] = _beneath(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+class NitroConfig(_Section):
+    """Everything a run needs: the preset's values for the env's family, under what the user set."""
+
+    preset: Preset = Field("nitro", description="defaults: 'nitro' (tuned here) or 'paper' (the paper's Table 1)")
     env_id: str = "Hopper-v5"
     algo: Literal["ppo", "impact"] = "ppo"
     seed: int = Field(0, ge=0)
     rounds: int = Field(50, ge=1)
-    target_reward: float | None = None
+    target_reward: float | None = Field(None, description="stop once the evaluation return reaches it")
     budget_usd: float | None = Field(None, ge=0, description="stop when spent; None: no limit")
     steps_per_actor: int = Field(512, ge=1)
     round_deadline_s: float = Field(600.0, gt=0, description="how long the learner waits for a round's actors")
@@ -169,21 +246,33 @@ class NitroConfig(_Section):
         1, ge=1, description="torch threads of the learner: a 2x256 MLP gains nothing from more, and OpenMP "
         "spin-waiting made an update 40x slower when actor processes shared the cores (measured here)")
     home: Path = Field(Path(".nitro"), description="checkpoints, local Redis data, default MLflow store")
+    model: ModelConfig = Field(default_factory=ModelConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     impact: ImpactConfig = Field(default_factory=ImpactConfig)
     scaler: ScalerConfig = Field(default_factory=ScalerConfig)
     detector: DetectorConfig = Field(default_factory=DetectorConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     backend: BackendConfig = Field(default_factory=BackendConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
     prices: PriceTable = Field(default_factory=PriceTable)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        preset = data.get("preset", "nitro")
+        family = _env_family(data.get("env_id", "Hopper-v5"))
+        return _beneath(PRESETS.get((preset, family), {}), data)
+
     @field_validator("env_id")
     @classmethod
     def _known_env(cls, v: str) -> str:
-        if v not in SUPPORTED_ENVS:
-            raise ValueError(f"unknown env id {v!r}; supported: {', '.join(SUPPORTED_ENVS)}")
-        return v
+        try:
+            return check_env_id(v)
+        except UnknownEnvError as exc:
+            raise ValueError(str(exc)) from None
 
     # -- loading ---------------------------------------------------------------------------
 

@@ -15,6 +15,12 @@ Per round:
   worker is killed there).
 * **requests**: ``n_requests × per_million / 10**6`` (every invocation is a request; retries of
   throttled calls are not billed by AWS, so pass the accepted invocations).
+* **interrupted invocations**: a round whose learner died mid-flight (``kill -9``, a lost machine)
+  never reached its own charge, yet Lambda bills every invocation it started. On resume the
+  engine charges them with ``charge_round(..., interrupted=True)``: compute and requests only, from
+  the summaries the actors left in the cache, at the timeout-bounded worst case where none did.
+  Such an entry is marked ``interrupted`` and names the attempt it bills (``attempt``), so that
+  the same dead attempt is never billed twice.
 * **provisioned**: ``P × GB × seconds × provisioned_gb_s`` for the time provisioned concurrency is
   enabled. AWS rounds that period up to 5 minutes; the ledger charges the running total so
   that the cumulative charge equals the rounded-up invoice after every round:
@@ -73,6 +79,8 @@ class RoundCost:
     billed_ms: int = 0
     gb_s: Decimal = Decimal(0)
     provisioned_seconds: Decimal = Decimal(0)
+    interrupted: bool = False  # invocations of a round whose learner died, billed on resume
+    attempt: str = ""  # for an interrupted entry: the id of the dead attempt it bills
 
     @property
     def total(self) -> Decimal:
@@ -103,6 +111,8 @@ class RoundCost:
             "billed_ms": self.billed_ms,
             "gb_s": str(self.gb_s),
             "provisioned_seconds": str(self.provisioned_seconds),
+            "interrupted": self.interrupted,
+            "attempt": self.attempt,
         }
 
     @classmethod
@@ -113,6 +123,7 @@ class RoundCost:
             round_idx=int(d["round_idx"]),
             **{k: Decimal(d[k]) for k in dec},
             n_actors=int(d["n_actors"]), n_requests=int(d["n_requests"]), billed_ms=int(d["billed_ms"]),
+            interrupted=bool(d.get("interrupted", False)), attempt=str(d.get("attempt", "")),
         )
 
 
@@ -226,9 +237,12 @@ class CostLedger:
         actor_billed_ms: Sequence[int | float],
         n_requests: int | None = None,
         provisioned_seconds: float | Decimal = 0,
+        *,
+        interrupted_attempt: str | None = None,
     ) -> RoundCost:
         """Record round ``round_idx``'s charges; returns them with the new cumulative total.
-        ``n_requests`` defaults to one per actor."""
+        ``n_requests`` defaults to one per actor. ``interrupted_attempt``: these are the
+        invocations of a dead attempt at the round, billed on resume (see the module docstring)."""
         ms = [self._ms(b) for b in actor_billed_ms]
         n_req = len(ms) if n_requests is None else int(n_requests)
         if n_req < 0:
@@ -249,6 +263,7 @@ class CostLedger:
             provisioned=prov, cumulative=self.spent + total, learner_seconds=D(learner_seconds),
             n_actors=len(ms), n_requests=n_req, billed_ms=ms_pc + ms_od, gb_s=gb_s_pc + gb_s_od,
             provisioned_seconds=D(provisioned_seconds),
+            interrupted=interrupted_attempt is not None, attempt=interrupted_attempt or "",
         )
         self.rounds.append(rc)
         return rc
@@ -265,6 +280,14 @@ class CostLedger:
 
     def remaining(self, budget_usd: float | Decimal | None) -> Decimal | None:
         return None if budget_usd is None else D(budget_usd) - self.spent
+
+    def billed_attempts(self) -> set[str]:
+        """The dead attempts whose invocations are already billed."""
+        return {r.attempt for r in self.rounds if r.interrupted}
+
+    def interrupted_cost(self, round_idx: int) -> Decimal:
+        """What the dead attempts at round ``round_idx`` were billed."""
+        return sum((r.total for r in self.rounds if r.interrupted and r.round_idx == round_idx), Decimal(0))
 
     def totals(self) -> dict[str, Decimal]:
         out = {c: sum((getattr(r, c) for r in self.rounds), Decimal(0)) for c in COMPONENTS}

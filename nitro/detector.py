@@ -46,6 +46,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from nitro.learners import Learner
+
 log = logging.getLogger(__name__)
 
 STATUS_OK = "ok"
@@ -236,32 +238,32 @@ def hessian_extremes(
 
 
 def detect_on_batch(
-    learner: Any,
-    batch_tensors: Any,
-    n_total: int,
+    learner: Learner,
     subset_size: int,
     steps: int = 20,
     seed: int = 0,
     *,
     negate: bool = True,
 ) -> Detection:
-    """Detection on a random subset of a round's batch, through the PPO learner's
-    ``surrogate_closure(batch_tensors, indices)`` and ``policy_parameters()``. The subset is
-    ``subset_size`` indices drawn without replacement from ``range(n_total)`` by a numpy RNG
-    seeded with ``seed`` (the whole batch when it is smaller). ``negate`` (default True):
-    ``PPOLearner.surrogate_closure`` returns the policy *loss* (−clipped surrogate + kl_coef·KL),
-    so its Hessian is negated to get the objective's, as Eq. 2 wants."""
+    """Detection on a random subset of the learner's last-update batch, through
+    ``learner.objective(indices)`` and ``learner.policy_parameters()`` (the ``Learner`` contract).
+    The subset is ``subset_size`` indices drawn without replacement from
+    ``range(learner.trained_samples())`` by a numpy RNG seeded with ``seed`` (the whole batch when
+    it is smaller). ``negate`` (default True): a learner's ``objective`` is the policy *loss*
+    (e.g. PPO's −clipped surrogate + kl_coef·KL), so its Hessian is negated to get the
+    objective's, as Eq. 2 wants."""
     start = time.perf_counter()
+    n_total = int(learner.trained_samples())
     if n_total <= 0:
         return Detection(None, None, None, STATUS_NO_PARAMS, time.perf_counter() - start, 0, 0, "empty batch")
     rng = np.random.default_rng(seed)
-    k = min(int(subset_size), int(n_total))
+    k = min(int(subset_size), n_total)
     indices = np.sort(rng.choice(n_total, size=k, replace=False)) if k < n_total else np.arange(n_total)
     try:
-        closure = learner.surrogate_closure(batch_tensors, torch.as_tensor(indices))
+        closure = learner.objective(torch.as_tensor(indices))
         params = list(learner.policy_parameters())
     except Exception as exc:
-        log.exception("detection: could not build the surrogate")
+        log.exception("detection: could not build the objective")
         return Detection(None, None, None, STATUS_ERROR, time.perf_counter() - start, 0, k,
                          f"{type(exc).__name__}: {exc}".splitlines()[0])
     det = hessian_extremes(closure, params, steps=steps, seed=seed, negate=negate, n_samples=k)

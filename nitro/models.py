@@ -1,5 +1,9 @@
-"""The paper's networks (SPEC.md): a 2x256 tanh Gaussian policy with a separate critic of the same
-shape for MuJoCo, and RLlib's 84x84 CNN for Atari.
+"""The networks: an MLP Gaussian (or categorical) policy with a separate critic of the same shape
+for vector observations, and RLlib's 84x84 CNN for stacked frames (Atari and other image envs).
+
+The MLP's shape is an ``Architecture`` (widths, activation, initial log-std): the paper's is
+2x256 tanh (SPEC.md); the tuned default is in ``nitro/config.py``. It travels with the weights
+(``Architecture.to_meta``) so that an actor builds the same module the learner trains.
 
 The policy carries its observation normaliser as buffers, so ``policy.state_dict()`` is the whole
 thing an actor needs: the statistics ship with the weights. The critic stays on the learner and
@@ -9,7 +13,9 @@ statistics.
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -18,8 +24,30 @@ from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from nitro.envs import EnvSpec
 
-HIDDEN = 256
+HIDDEN = 256  # the CNN's dense layer, and the paper's MLP width
 OBS_CLIP = 10.0
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The MLP's shape (the CNN's is fixed)."""
+
+    hidden: tuple[int, ...] | None = None  # None: the paper's two layers of HIDDEN
+    activation: str = "tanh"  # "tanh" | "relu"
+    log_std_init: float = 0.0  # initial log standard deviation of the Gaussian policy
+
+    def to_meta(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_meta(cls, text: str | None) -> "Architecture":
+        """From ``to_meta``'s text; None (weights published without one) is the paper's shape."""
+        if not text:
+            return cls()
+        d = json.loads(text)
+        hidden = None if d["hidden"] is None else tuple(int(h) for h in d["hidden"])
+        return cls(hidden=hidden, activation=str(d["activation"]),
+                   log_std_init=float(d["log_std_init"]))
 
 
 class ObsNorm(nn.Module):
@@ -41,7 +69,10 @@ class ObsNorm(nn.Module):
 
     @torch.no_grad()
     def merge(self, obs: np.ndarray | torch.Tensor) -> None:
+        """Fold in the observations whose every value is finite: one inf would make the mean
+        non-finite for good, and with it every later action."""
         x = torch.as_tensor(obs, dtype=torch.float64).reshape(-1, *self.mean.shape)
+        x = x[torch.isfinite(x).reshape(len(x), -1).all(dim=1)]
         if len(x) == 0:
             return
         b_mean, b_var, b_count = x.mean(0), x.var(0, unbiased=False), float(len(x))
@@ -53,8 +84,15 @@ class ObsNorm(nn.Module):
         self.count.copy_(total)
 
 
-def _mlp(n_in: int, n_out: int, out_gain: float) -> nn.Sequential:
-    layers = [nn.Linear(n_in, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, n_out)]
+_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+def _mlp(n_in: int, n_out: int, out_gain: float, arch: Architecture) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for width in arch.hidden or (HIDDEN, HIDDEN):
+        layers += [nn.Linear(n_in, width), _ACTIVATIONS[arch.activation]()]
+        n_in = width
+    layers.append(nn.Linear(n_in, n_out))
     for layer in layers:
         if isinstance(layer, nn.Linear):  # orthogonal init, as in CleanRL and SB3
             gain = out_gain if layer is layers[-1] else math.sqrt(2)
@@ -82,18 +120,19 @@ class AtariTrunk(nn.Module):
 class Policy(nn.Module):
     """pi(a|s). ``features`` normalises raw observations; ``distribution`` gives pi(.|s)."""
 
-    def __init__(self, spec: EnvSpec):
+    def __init__(self, spec: EnvSpec, arch: Architecture = Architecture()):
         super().__init__()
-        self.spec = spec
-        if spec.is_atari:
+        self.spec, self.arch = spec, arch
+        if spec.is_image:
             self.obs_norm = None
             self.body = nn.Sequential(AtariTrunk(spec.obs_shape[0]), nn.Linear(HIDDEN, spec.action_dim))
             nn.init.orthogonal_(self.body[-1].weight, 0.01)
             nn.init.zeros_(self.body[-1].bias)
         else:
             self.obs_norm = ObsNorm(spec.obs_shape)
-            self.body = _mlp(spec.obs_shape[0], spec.action_dim, out_gain=0.01)
-            self.log_std = nn.Parameter(torch.zeros(spec.action_dim))
+            self.body = _mlp(spec.obs_shape[0], spec.action_dim, out_gain=0.01, arch=arch)
+        if spec.continuous:
+            self.log_std = nn.Parameter(torch.full((spec.action_dim,), float(arch.log_std_init)))
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         if self.obs_norm is None:
@@ -103,11 +142,20 @@ class Policy(nn.Module):
     def distribution_from_features(self, x: torch.Tensor) -> Distribution:
         out = self.body(x)
         if self.spec.continuous:
-            return Independent(Normal(out, self.log_std.exp().expand_as(out)), 1)
-        return Categorical(logits=out)
+            # validate_args=False: torch's argument checks cost ~90 us per distribution (NOTES.md),
+            # and these arguments come from our own network
+            return Independent(Normal(out, self.log_std.exp().expand_as(out), validate_args=False), 1,
+                               validate_args=False)
+        return Categorical(logits=out, validate_args=False)
 
     def distribution(self, obs: torch.Tensor) -> Distribution:
         return self.distribution_from_features(self.features(obs))
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """The deterministic action for one raw observation: the mean, or the likeliest action."""
+        out = self.body(self.features(torch.as_tensor(obs).unsqueeze(0)))[0]
+        return out.numpy() if self.spec.continuous else np.int64(int(out.argmax()))
 
     @torch.no_grad()
     def sample(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, float]:
@@ -126,27 +174,90 @@ class Policy(nn.Module):
         return np.int64(a), float(logp_all[a])
 
 
+class NumpyMLPPolicy:
+    """An MLP policy's forward pass in numpy, for actors.
+
+    One step of an actor runs the policy on one observation. Through torch that costs about
+    365 us (dispatch, distribution argument checks, a float64 normaliser), more than
+    ``env.step`` itself; the same arithmetic in numpy costs about 50 us. The numbers it computes
+    are those of ``Policy`` to float32 rounding, and it samples from ``rng`` exactly as
+    ``Policy.sample`` does, so the two are interchangeable in a rollout.
+    """
+
+    def __init__(self, policy: Policy):
+        if policy.obs_norm is None:
+            raise TypeError("NumpyMLPPolicy mirrors the MLP policy only")
+        self.continuous = policy.spec.continuous
+        norm = policy.obs_norm
+        self.mean = norm.mean.detach().numpy().copy()
+        self.inv_std = 1.0 / np.sqrt(norm.var.detach().numpy() + 1e-8)
+        linears = [m for m in policy.body if isinstance(m, nn.Linear)]
+        self.layers = [(m.weight.detach().numpy().T.copy(), m.bias.detach().numpy().copy()) for m in linears]
+        self.activation = np.tanh if any(isinstance(m, nn.Tanh) for m in policy.body) else _relu
+        if self.continuous:
+            self.log_std = policy.log_std.detach().numpy().astype(np.float64)
+            self.std = np.exp(self.log_std).astype(np.float32)
+            self._logp_const = -float(self.log_std.sum()) - 0.5 * len(self.log_std) * math.log(2 * math.pi)
+
+    def _out(self, obs: np.ndarray) -> np.ndarray:
+        x = np.clip((np.asarray(obs, dtype=np.float64) - self.mean) * self.inv_std, -OBS_CLIP, OBS_CLIP)
+        x = x.astype(np.float32)
+        last = len(self.layers) - 1
+        for i, (w, b) in enumerate(self.layers):
+            x = x @ w + b
+            if i < last:
+                x = self.activation(x)
+        return x
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        out = self._out(obs)
+        return out if self.continuous else np.int64(int(out.argmax()))
+
+    def sample(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, float]:
+        out = self._out(obs)
+        if self.continuous:
+            noise = rng.standard_normal(out.shape[0]).astype(np.float32)
+            action = out + self.std * noise
+            z = (action.astype(np.float64) - out) / self.std  # the noise as float32 rounding left it
+            return action, float(self._logp_const - 0.5 * float(z @ z))
+        logits = out.astype(np.float64)
+        logp_all = logits - logits.max()
+        logp_all -= np.log(np.exp(logp_all).sum())
+        gumbel = -np.log(-np.log(rng.uniform(1e-12, 1.0, size=logp_all.shape)))
+        a = int(np.argmax(logp_all + gumbel))
+        return np.int64(a), float(logp_all[a])
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0.0)
+
+
+def acting_policy(policy: Policy) -> "Policy | NumpyMLPPolicy":
+    """What an actor steps with: the numpy mirror of an MLP policy, the torch module for a CNN."""
+    return policy if policy.obs_norm is None else NumpyMLPPolicy(policy)
+
+
 class Critic(nn.Module):
     """V(s) on the policy's normalised features; a separate network of the policy's shape."""
 
-    def __init__(self, spec: EnvSpec):
+    def __init__(self, spec: EnvSpec, arch: Architecture = Architecture()):
         super().__init__()
-        if spec.is_atari:
+        if spec.is_image:
             self.net = nn.Sequential(AtariTrunk(spec.obs_shape[0]), nn.Linear(HIDDEN, 1))
         else:
-            self.net = _mlp(spec.obs_shape[0], 1, out_gain=1.0)
+            self.net = _mlp(spec.obs_shape[0], 1, out_gain=1.0, arch=arch)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return self.net(features).squeeze(-1)
 
 
-def build_policy(spec: EnvSpec, seed: int | None = None) -> Policy:
+def build_policy(spec: EnvSpec, seed: int | None = None, arch: Architecture = Architecture()) -> Policy:
     if seed is not None:
         torch.manual_seed(seed)
-    return Policy(spec)
+    return Policy(spec, arch)
 
 
-def build_critic(spec: EnvSpec, seed: int | None = None) -> Critic:
+def build_critic(spec: EnvSpec, seed: int | None = None, arch: Architecture = Architecture()) -> Critic:
     if seed is not None:
         torch.manual_seed(seed + 1)
-    return Critic(spec)
+    return Critic(spec, arch)

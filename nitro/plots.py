@@ -1,7 +1,7 @@
 """PNG plots of training runs (matplotlib, Agg backend; no display needed).
 
 Inputs are per-round rows: dicts keyed by the canonical metric names of ``nitro.tracking``
-(``round``, ``return_mean``, ``return_max``, ``actors_launched``, ``actors_failed``,
+(``round``, ``eval_return_mean``, ``train_return_mean``, ``actors_launched``, ``actors_failed``,
 ``spend_round_usd``, ``spend_total_usd``, ...). Missing keys or NaN values are skipped.
 
 One run: ``plot_return``, ``plot_actors``, ``plot_spend``; ``write_run_plots`` writes all three.
@@ -97,7 +97,9 @@ def _save(fig, path: str | Path) -> Path:
 
 def plot_return(rows: Rows, path: str | Path, title: str = "Episodic return per round") -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
-    for key, label, style in (("return_mean", "mean", "-"), ("return_max", "max", "--")):
+    for key, label, style in (("eval_return_mean", "evaluation, mean action", "-"),
+                              ("eval_stochastic_return_mean", "evaluation, sampled actions", "-."),
+                              ("train_return_mean", "training episodes", ":")):
         x, y = series(rows, key)
         if x.size:
             ax.plot(x, y, style, marker="o", markersize=3, label=label)
@@ -187,7 +189,7 @@ def plot_group_curves(
     path: str | Path,
     *,
     x_key: str = "round",
-    y_key: str = "return_mean",
+    y_key: str = "eval_return_mean",
     title: str = "",
     xlabel: str | None = None,
     ylabel: str | None = None,

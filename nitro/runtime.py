@@ -2,8 +2,9 @@
 
 ``open_run`` starts (or connects to) Redis, starts the actor backend (warm local workers, or the
 shared Lambda client), builds the ``Trainer`` and restores its latest checkpoint. Prefect tasks
-find the live run by id with ``get_run`` rather than receiving it as a parameter: task parameters
-stay small and JSON-able, and nothing is hashed or serialised per call.
+find these resources by run id with ``get_run``: a Redis client, a process pool or an MLflow
+client cannot travel as a task parameter. What a round computes does travel as parameters, from
+task to task (see ``flows/round.py``); the registry holds no per-round state.
 """
 
 from __future__ import annotations
@@ -13,15 +14,19 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nitro.actors.events import ActorEvent, ActorSummary
-from nitro.cache import LocalRedisServer, TrajectoryCache, connect_redis, strip_password
-from nitro.checkpoint import CheckpointError, latest_round, load_checkpoint, run_dir
+from nitro.cache import CacheError, LocalRedisServer, TrajectoryCache, connect_redis, redact_url, strip_password
+from nitro.checkpoint import CheckpointError, latest_round, load_checkpoint, run_dir, save_checkpoint
 from nitro.config import NitroConfig
 from nitro.engine import Trainer
+from nitro.failures import RunFailed, one_line
+
+if TYPE_CHECKING:
+    from nitro.tracking import RunTracker
 
 log = logging.getLogger("nitro")
 
@@ -33,6 +38,8 @@ class ActorBackend(Protocol):
 
 @dataclass
 class RunContext:
+    """The live resources of one open training run."""
+
     config: NitroConfig
     run_id: str
     trainer: Trainer
@@ -40,7 +47,9 @@ class RunContext:
     cache: TrajectoryCache
     redis_url: str
     resumed_from: int | None = None
-    extras: dict = field(default_factory=dict)  # e.g. the MLflow run id, set by the pipeline
+    tracker: RunTracker | None = None  # set when the pipeline attaches MLflow
+    mlflow_run_id: str | None = None
+    progress_artifact_id: Any = None  # Prefect's id of the run's progress artifact, once created
 
 
 _RUNS: dict[str, RunContext] = {}
@@ -63,6 +72,13 @@ def make_backend(config: NitroConfig) -> ActorBackend:
     from nitro.actors.local import LocalActorPool
 
     return LocalActorPool(workers=b.workers or os.cpu_count() or 1, timeout_s=b.timeout_s, memory_mb=b.memory_mb)
+
+
+def _start_backend(config: NitroConfig, run_id: str) -> ActorBackend:
+    try:
+        return make_backend(config)
+    except Exception as exc:
+        raise RunFailed("actor backend", config.backend.kind, one_line(exc), run_id, config.home) from exc
 
 
 def save_run_config(config: NitroConfig, run_id: str) -> Path:
@@ -93,16 +109,23 @@ def actor_cache_access(config: NitroConfig, learner_url: str, password: str | No
 
 @contextlib.contextmanager
 def open_run(config: NitroConfig, run_id: str) -> Iterator[RunContext]:
-    """Open everything a run needs; restore its latest checkpoint if there is one."""
+    """Open everything a run needs; restore its latest checkpoint if there is one, and bill the
+    invocations of a round that died in flight. Every process it starts (the local Redis, the
+    actor workers) is stopped on exit and dies with this process if it is killed. A component
+    that fails to come up raises ``RunFailed`` (one line, with the resume command)."""
     stack = contextlib.ExitStack()
     with stack:
+        save_run_config(config, run_id)  # first: whatever fails below, `nitro resume` can start again
         password = os.environ.get(config.redis.password_env) or None
         url = config.redis.url or os.environ.get("NITRO_REDIS_URL")
-        if url is None:
-            server = stack.enter_context(LocalRedisServer(data_dir=Path(config.home) / "redis"))
-            url = server.url
-            log.info("started a local Redis at %s", url)
-        client = connect_redis(url, password=password, timeout_s=config.redis.connect_timeout_s)
+        try:
+            if url is None:
+                server = stack.enter_context(LocalRedisServer(data_dir=Path(config.home) / "redis"))
+                url = server.url
+                log.info("started a local Redis at %s", url)
+            client = connect_redis(url, password=password, timeout_s=config.redis.connect_timeout_s)
+        except CacheError as exc:
+            raise RunFailed("Redis", redact_url(url) if url else "(local server)", one_line(exc), run_id, config.home) from exc
         stack.callback(client.close)
         cache = TrajectoryCache(client, run_id, ttl_s=config.redis.ttl_s)
         actor_url, creds = actor_cache_access(config, url, password)
@@ -111,9 +134,10 @@ def open_run(config: NitroConfig, run_id: str) -> Iterator[RunContext]:
         if resumed is not None:
             _, state = load_checkpoint(config.home, run_id, resumed)
             trainer.load_state_dict(state)
-            log.info("run %s: resuming after round %d", run_id, resumed + 1)
-        save_run_config(config, run_id)
-        backend = make_backend(config)
+            log.info("run %s: resuming after round %d", run_id, resumed)  # rounds count from 0
+        if trainer.bill_interrupted_round() and resumed is not None:
+            save_checkpoint(config.home, run_id, resumed, trainer.state_dict())  # billed once, even if it dies again
+        backend = _start_backend(config, run_id)
         stack.callback(backend.close)
         ctx = RunContext(config, run_id, trainer, backend, cache, url, resumed)
         with _LOCK:

@@ -46,6 +46,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from decimal import Decimal
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -251,20 +252,40 @@ def cap_by_budget(
     means no budget. The guarantee that the ledger never exceeds the budget holds when the two
     costs passed are upper bounds of what the round will actually be charged (see
     ``CostLedger.max_actor_cost`` and docs there)."""
-    n_actors = max(0, int(n_actors))
     if remaining_usd is None:
-        return n_actors
-    remaining = _dec(remaining_usd)
+        return max(0, int(n_actors))
     per_actor = _dec(cost_per_actor_usd)
     fixed = _dec(round_fixed_cost_usd)
     if per_actor < 0 or fixed < 0:
         raise ValueError("costs must be non-negative")
-    left = remaining - fixed
-    if left < 0:
+    return largest_affordable(n_actors, remaining_usd, lambda n: fixed + n * per_actor, min_actors)
+
+
+def largest_affordable(
+    wanted: int,
+    remaining_usd: float | Decimal | None,
+    cost_of: Callable[[int], Decimal],
+    min_actors: int = 1,
+) -> int:
+    """The most actors, at most ``wanted``, for which ``cost_of(n)`` (an upper bound of what the
+    round and what follows it until the next decision can cost with n actors; non-decreasing in
+    n) fits in ``remaining_usd``; 0 (stop the run) if fewer than ``min(min_actors, wanted)``
+    fit. ``remaining_usd=None`` means no budget."""
+    wanted = max(0, int(wanted))
+    if remaining_usd is None:
+        return wanted
+    remaining = _dec(remaining_usd)
+    need = min(max(1, int(min_actors)), wanted)  # a scaler asking for fewer than min_actors gets them
+    if wanted == 0 or cost_of(need) > remaining:
         return 0
-    n = n_actors if per_actor == 0 else min(n_actors, int(left // per_actor))
-    need = min(max(1, int(min_actors)), n_actors)  # a scaler asking for fewer than min_actors gets them
-    return n if n >= need and n > 0 else 0
+    lo, hi = need, wanted  # invariant: cost_of(lo) fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if cost_of(mid) <= remaining:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _dec(x: float | Decimal | int) -> Decimal:

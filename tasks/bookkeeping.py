@@ -1,80 +1,150 @@
-"""End of a round: the ledger and metrics, then the checkpoint, MLflow and Prefect artifacts."""
+"""End of a round: the ledger and metrics, then the checkpoint, MLflow and the Prefect artifacts
+(updated after every round, so the flow run page shows the live state); and, on resume, the
+tidying of what a killed attempt left behind in Prefect."""
 
 from __future__ import annotations
 
 import logging
+import os
+import time
 
-from prefect import task
-from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect import runtime, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterId,
+    FlowRunFilterName,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+    TaskRunFilter,
+    TaskRunFilterState,
+    TaskRunFilterStateType,
+)
+from prefect.client.schemas.objects import StateType
+from prefect.states import Crashed
 
 from nitro.actors.events import ActorSummary
-from nitro.checkpoint import save_checkpoint
-from nitro.engine import RoundReport, round_line
-from nitro.runtime import get_run, notify_round
+from nitro.checkpoint import run_dir, save_checkpoint
+from nitro.detector import Detection
+from nitro.engine import Decision, RoundReport, UpdateReport, round_line
+from nitro.runtime import RunContext, get_run, notify_round
+from tasks import background
+from tasks.artifacts import artifact_key, upsert_artifact
 
 log = logging.getLogger("nitro")
 
+# The columns of the flow run's round table (round first: 0-based, like everywhere else).
+TABLE_COLUMNS = ("round", "actors_launched", "actors_failed", "env_steps", "eval_return_mean", "train_return_mean",
+                 "hessian_R", "boost_score", "spend_round_usd", "spend_total_usd", "round_s")
+# States a run can be left in by a process that was killed (all but the final ones).
+UNFINISHED = [StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED, StateType.PAUSED, StateType.CANCELLING]
+
 
 @task(name="end-round", cache_policy=NO_CACHE)
-def end_round(run_id: str, k: int, summaries: list[dict], actor_s: float) -> dict:
-    trainer = get_run(run_id).trainer
+def end_round(run_id: str, k: int, update: UpdateReport, detection: Detection | None, decision: Decision,
+              summaries: list[ActorSummary], actor_s: float, round_s: float) -> RoundReport:
     _maybe_inject_failure(run_id, k)
-    report = trainer.end_round(k, [ActorSummary.model_validate(s) for s in summaries], actor_s)
-    return {"round": report.round, "metrics": report.metrics, "stop_reason": report.stop_reason}
+    _maybe_inject_hang(run_id, k)
+    return get_run(run_id).trainer.end_round(k, update, detection, decision, summaries, actor_s, round_s)
 
 
 @task(name="record-round", cache_policy=NO_CACHE)
-def record_round(run_id: str, k: int, round_wall_s: float) -> str | None:
-    """Account the round's orchestration time, log it to MLflow, and checkpoint it.
+def record_round(run_id: str, report: RoundReport, round_wall_s: float) -> RoundReport:
+    """Account the round's orchestration time, log it to MLflow, and checkpoint it; returns the
+    round's report with its final timings.
 
     The checkpoint is written last: a crash before it redoes the whole round on resume, and
     MLflow's per-step de-duplication keeps that from logging a value twice."""
     ctx = get_run(run_id)
-    trainer = ctx.trainer
-    metrics = trainer.record_wall_time(k, round_wall_s)
-    tracker, mlflow_run = ctx.extras.get("tracker"), ctx.extras.get("mlflow_run_id")
-    if tracker is not None:
-        tracker.log_round(mlflow_run, k, metrics)
-    save_checkpoint(ctx.config.home, run_id, k, trainer.state_dict())
-    report = RoundReport(k, metrics, trainer.stop_reason(metrics))
-    line = round_line(report, ctx.config.rounds)
-    log.info(line)
+    k = report.round
+    report = RoundReport(k, ctx.trainer.record_wall_time(k, round_wall_s), report.stop_reason, report.notes)
+    if ctx.tracker is not None:  # off the critical path, in order (tasks/background.py)
+        background.submit(run_id, _log_to_mlflow, ctx, k, report)
+    save_checkpoint(ctx.config.home, run_id, k, ctx.trainer.state_dict())
+    log.info(round_line(report, ctx.config.rounds))
     notify_round(run_id, report)
-    progress_id = ctx.extras.get("progress_artifact")
-    done = 100.0 * (k + 1) / ctx.config.rounds
-    if progress_id is None:
-        ctx.extras["progress_artifact"] = create_progress_artifact(
-            done, key=f"nitro-progress-{_slug(run_id)}", description=f"rounds done of {ctx.config.rounds}")
-    else:
-        update_progress_artifact(progress_id, done)
-    return report.stop_reason
+    background.submit(run_id, _publish_live_state, ctx)
+    return report
 
 
-@task(name="round-table", cache_policy=NO_CACHE)
-def publish_round_table(run_id: str) -> None:
-    ctx = get_run(run_id)
-    keys = ("round", "actors_launched", "actors_failed", "env_steps", "return_mean", "hessian_R",
-            "boost_score", "spend_round_usd", "spend_total_usd", "round_s")
-    rows = [{k: (round(r[k], 4) if isinstance(r.get(k), float) else r.get(k)) for k in keys} for r in ctx.trainer.history]
-    create_table_artifact(rows, key=f"nitro-rounds-{_slug(run_id)}", description=f"Nitro run {run_id}: one row per round")
+def _log_to_mlflow(ctx: RunContext, k: int, report: RoundReport) -> None:
+    ctx.tracker.log_round(ctx.mlflow_run_id, k, report.metrics)
+    for key, note in report.notes.items():  # e.g. why a batch was dropped: one tag per batch
+        ctx.tracker.client.set_tag(ctx.mlflow_run_id, f"nitro.{key}", note[:5000])
 
 
-def _slug(text: str) -> str:
-    """Artifact keys allow lowercase letters, digits and dashes only."""
-    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:60]
+def _publish_live_state(ctx: RunContext) -> None:
+    """The flow run's progress and round table, as of the round just checkpointed."""
+    flow_run_id = runtime.flow_run.id
+    if not flow_run_id:
+        return
+    rounds, done = ctx.config.rounds, ctx.trainer.next_round
+    ctx.progress_artifact_id = upsert_artifact(
+        flow_run_id, artifact_key("progress", ctx.run_id), "progress", 100.0 * done / rounds,
+        f"Nitro run {ctx.run_id}: {done} of {rounds} rounds done")
+    rows = [{key: row.get(key) for key in TABLE_COLUMNS} for row in ctx.trainer.history]
+    upsert_artifact(flow_run_id, artifact_key("rounds", ctx.run_id), "table", rows,
+                    f"Nitro run {ctx.run_id}: one row per round (rounds 0 to {rounds - 1}), updated after each")
+
+
+@task(name="tidy-previous-attempts", cache_policy=NO_CACHE)
+def tidy_previous_attempts(run_id: str) -> list[str]:
+    """Mark Crashed what an earlier attempt of this run left unfinished in Prefect; return the names
+    of the round subflows it marked.
+
+    A process killed in the middle of a round (kill -9, OOM, a lost machine) leaves its round
+    subflow, and that subflow's tasks, "Running" forever: the worker crashes only the flow run it
+    started. Call this before the first round of a resumed run: the round subflows are found by
+    name (``<run id>-round-<k>``, which covers a Retry in the UI and ``nitro resume`` alike); the
+    task runs are those of the orphaned subflows and of this flow run, whose own earlier attempt
+    left them, except this task."""
+    prefix = f"{run_id}-round-"
+    unfinished = FlowRunFilterState(type=FlowRunFilterStateType(any_=UNFINISHED))
+    message = "its process died; the run resumes from its last checkpoint"
+    with get_client(sync_client=True) as client:
+        orphans = [fr for fr in client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            name=FlowRunFilterName(like_=prefix), state=unfinished)) if fr.name.startswith(prefix)]
+        for fr in orphans:
+            client.set_flow_run_state(fr.id, Crashed(message=f"Round subflow {fr.name}: {message}"), force=True)
+        owners = [fr.id for fr in orphans] + ([runtime.flow_run.id] if runtime.flow_run.id else [])
+        stale = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=owners)),
+            task_run_filter=TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(any_=UNFINISHED))),
+        ) if owners else []
+        for tr in stale:
+            if str(tr.id) != str(runtime.task_run.id):
+                client.set_task_run_state(tr.id, Crashed(message=f"Task run {tr.name}: {message}"), force=True)
+    if orphans:
+        log.info("run %s: marked %d orphaned round subflow(s) Crashed: %s", run_id, len(orphans),
+                 ", ".join(fr.name for fr in orphans))
+    return [fr.name for fr in orphans]
 
 
 def _maybe_inject_failure(run_id: str, k: int) -> None:
     """Test hook: ``NITRO_INJECT_FAILURE_AT_ROUND=k`` fails round k once per run (a marker file
     in the run directory makes the retry pass), to exercise resume end to end."""
-    import os
-
-    from nitro.checkpoint import run_dir
-
     if os.environ.get("NITRO_INJECT_FAILURE_AT_ROUND") != str(k):
         return
     marker = run_dir(get_run(run_id).config.home, run_id) / f"injected-failure-round-{k}"
     if not marker.exists():
         marker.touch()
         raise RuntimeError(f"injected failure in round {k} (NITRO_INJECT_FAILURE_AT_ROUND)")
+
+
+def _maybe_inject_hang(run_id: str, k: int) -> None:
+    """Test hook: ``NITRO_INJECT_HANG_AT_ROUND=k`` holds round k, once per run, inside its subflow,
+    so that a test can watch the live state of an unfinished run and then kill its process in
+    the middle of a round. The hold ends after ``NITRO_INJECT_HANG_S`` (default 600 s) with an
+    error: it is never silent."""
+    if os.environ.get("NITRO_INJECT_HANG_AT_ROUND") != str(k):
+        return
+    marker = run_dir(get_run(run_id).config.home, run_id) / f"injected-hang-round-{k}"
+    if marker.exists():
+        return
+    marker.touch()
+    log.info("run %s: holding round %d (NITRO_INJECT_HANG_AT_ROUND)", run_id, k)
+    deadline = time.monotonic() + float(os.environ.get("NITRO_INJECT_HANG_S", "600"))
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+    raise RuntimeError(f"injected hang in round {k} was never interrupted (NITRO_INJECT_HANG_AT_ROUND)")

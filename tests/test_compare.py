@@ -22,7 +22,7 @@ def _train(tracker: RunTracker, name: str, cfg: NitroConfig, rounds: int, finish
     for k in range(rounds):
         spend += 0.5 + cfg.seed
         tracker.log_round(
-            rid, k, {"return_mean": 10.0 * k + cfg.seed, "return_max": 20.0 * k, "spend_round_usd": 0.5 + cfg.seed,
+            rid, k, {"eval_return_mean": 10.0 * k + cfg.seed, "train_return_max": 20.0 * k, "spend_round_usd": 0.5 + cfg.seed,
                      "spend_total_usd": spend, "actors_launched": 8}
         )
     if finish:
@@ -106,7 +106,7 @@ def test_group_plots_and_ci(tmp_path: Path):
     assert mean_ci95([5.0])[0] == 5.0
     runs = {
         scaler: [
-            [{"round": k, "return_mean": k * (s + 1.0), "spend_total_usd": 0.3 * (k + 1) * (s + 1), "actors_launched": 8}
+            [{"round": k, "eval_return_mean": k * (s + 1.0), "spend_total_usd": 0.3 * (k + 1) * (s + 1), "actors_launched": 8}
              for k in range(6)]
             for s in range(3)
         ]
@@ -117,6 +117,6 @@ def test_group_plots_and_ci(tmp_path: Path):
         plot_group_curves(runs, tmp_path / "ret_spend.png", x_key="spend_total_usd", xlabel="cumulative spend (USD)"),
         plot_group_curves(runs, tmp_path / "actors.png", y_key="actors_launched"),
         plot_group_bars({"nitro": [1, 2, 3], "fixed": [2, 2.5]}, tmp_path / "final.png", ylabel="final return"),
-        *write_run_plots([{"round": 0, "return_mean": float("nan")}], tmp_path / "sparse").values(),
+        *write_run_plots([{"round": 0, "eval_return_mean": float("nan")}], tmp_path / "sparse").values(),
     ):
         assert path.read_bytes()[:4] == b"\x89PNG"

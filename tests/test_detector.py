@@ -109,7 +109,7 @@ def ppo_learner_after_update(monkeypatch, seed: int = 0, n_steps: int = 400):
     """A tiny PPOLearner (the real one, 2x8 nets) that has collected a real Hopper-v5 batch with
     its own policy and done its PPO update on it; returns (learner, prepared batch tensors)."""
     from nitro.config import PPOConfig
-    from nitro.ppo import PPOLearner
+    from nitro.learners import PPOLearner
 
     monkeypatch.setattr(models, "HIDDEN", 8)
     learner = PPOLearner(env_spec("Hopper-v5"), PPOConfig(lr=3e-3, epochs=4), seed=seed)
@@ -125,7 +125,7 @@ def test_matches_exact_hessian_on_real_hopper_ppo_batch(monkeypatch):
     params = learner.policy_parameters()
     assert sum(p.numel() for p in params) == 198
     idx = np.arange(0, 400, 2)  # a 200-sample subset
-    closure = learner.surrogate_closure(tensors, idx)  # PPO's policy loss (-L + kl * KL)
+    closure = learner.objective(idx)  # PPO's policy loss (-L + kl * KL) on the update's batch (= tensors)
     lmax, lmin = exact_extremes(learner.policy, lambda _pol: -closure())  # Hessian of L
     assert lmin < 0 < lmax  # an indefinite surrogate, the case Eq. 2 is about
 
@@ -144,8 +144,8 @@ def test_matches_exact_hessian_on_real_hopper_ppo_batch(monkeypatch):
     assert raw.lambda_min == pytest.approx(-det.lambda_max, rel=1e-4)
 
     # the same through the round-level helper (PPOLearner's closure is a loss: negate by default)
-    via = detect_on_batch(learner, tensors, n_total=400, subset_size=400, steps=40, seed=0)
-    whole = hessian_extremes(learner.surrogate_closure(tensors, np.arange(400)), params, steps=40, seed=0, negate=True)
+    via = detect_on_batch(learner, subset_size=400, steps=40, seed=0)
+    whole = hessian_extremes(learner.objective(np.arange(400)), params, steps=40, seed=0, negate=True)
     assert via.ok and via.R == pytest.approx(whole.R, rel=1e-9)
 
 
@@ -270,11 +270,15 @@ class _FakeLearner:
     def __init__(self, policy, obs, actions, logp_old, adv):
         self.policy, self.obs, self.actions, self.logp_old, self.adv = policy, obs, actions, logp_old, adv
         self.seen = None
+        self.n = len(obs)
 
     def policy_parameters(self):
         return list(self.policy.parameters())
 
-    def surrogate_closure(self, batch, indices):
+    def trained_samples(self):
+        return self.n
+
+    def objective(self, indices):
         self.seen = indices
         return lambda: -surrogate(self.policy, self.obs[indices], self.actions[indices],
                                   self.logp_old[indices], self.adv[indices])
@@ -285,12 +289,13 @@ def test_detect_on_batch_subset(monkeypatch):
     obs, actions, adv = torch.randn(300, 11), torch.randn(300, 3), torch.randn(300)
     logp_old = policy.distribution(obs).log_prob(actions).detach()
     learner = _FakeLearner(policy, obs, actions, logp_old, adv)
-    det = detect_on_batch(learner, None, n_total=300, subset_size=64, steps=10, seed=4)
+    det = detect_on_batch(learner, subset_size=64, steps=10, seed=4)
     assert isinstance(det, Detection) and det.n_samples == 64
     assert len(learner.seen) == 64 and len(set(learner.seen.tolist())) == 64
-    again = detect_on_batch(learner, None, n_total=300, subset_size=64, steps=10, seed=4)
+    again = detect_on_batch(learner, subset_size=64, steps=10, seed=4)
     assert again.R == det.R
-    whole = detect_on_batch(learner, None, n_total=300, subset_size=1000, steps=10, seed=4)
+    whole = detect_on_batch(learner, subset_size=1000, steps=10, seed=4)
     assert whole.n_samples == 300
-    empty = detect_on_batch(learner, None, n_total=0, subset_size=64)
+    learner.n = 0  # before the first update
+    empty = detect_on_batch(learner, subset_size=64)
     assert empty.R is None

@@ -4,6 +4,7 @@ a real Redis, warm local actor processes, Hopper-v5."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -17,12 +18,14 @@ from nitro.engine import STOP_BUDGET, Trainer
 def drive(trainer: Trainer, pool: LocalActorPool, rounds: int) -> list[dict]:
     reports = []
     for k in range(trainer.next_round, rounds):
-        trainer.update_policy(k)
-        trainer.detect(k)
-        n = trainer.decide(k).n_actors
-        events = trainer.actor_events(k, n, trainer.publish_weights(k))
+        started = time.perf_counter()
+        update = trainer.update_policy(k)
+        detection = trainer.detect(k, update)
+        decision = trainer.decide(k, detection, update)
+        events = trainer.actor_events(k, decision.n_actors, trainer.publish_weights(k))
         summaries = pool.invoke_many(events)
-        report = trainer.end_round(k, summaries, actor_s=0.0)
+        report = trainer.end_round(k, update, detection, decision, summaries, actor_s=0.0,
+                                   round_s=time.perf_counter() - started)
         reports.append(report)
         if report.stop_reason:
             break
@@ -56,7 +59,7 @@ def test_nitro_scaler_rounds_vary_within_bounds(redis_url, pool):
 
 
 def test_budget_is_never_exceeded_and_the_run_stops_cleanly(redis_url, pool):
-    # Worst-case pricing: each actor may bill its 5 s timeout, the learner twice the last round.
+    # Worst-case pricing: each actor may bill its 5 s timeout, the learner its bound (nitro/budget.py).
     budget = 0.004
     trainer = _trainer(redis_url, "eng-budget", rounds=200, budget_usd=budget, backend={"timeout_s": 5},
                        scaler={"name": "always", "i_min": 2, "i_max": 6})
@@ -83,7 +86,7 @@ def test_checkpoint_resume_reproduces_the_next_round(redis_url, pool, tmp_path):
     assert ua.samples == ub.samples == 256
     assert ua.metrics["policy_loss"] == pytest.approx(ub.metrics["policy_loss"], rel=1e-6)
     assert ua.metrics["kl"] == pytest.approx(ub.metrics["kl"], rel=1e-6)
-    assert a.decide(2).n_actors == b.decide(2).n_actors == 2
+    assert a.decide(2, None, ua).n_actors == b.decide(2, None, ub).n_actors == 2
     assert [e.seed for e in a.actor_events(2, 2, "k")] == [e.seed for e in b.actor_events(2, 2, "k")]
 
 
@@ -94,3 +97,83 @@ def test_missing_actor_batches_are_recorded_not_waited_for_forever(redis_url, po
     report = trainer.update_policy(1)
     assert report.missing == ["eng-missing-r00000-0099"]
     assert report.batches == 2 and report.samples == 256
+
+
+def test_a_slow_first_update_stays_within_the_budget(redis_url, pool):
+    """Round 1 holds the run's first update and detection, which round 0 (no update) says nothing
+    about: here it takes 4 s, where round 0 took about one. The old reservation (twice the last
+    round) could let it pass the budget; the decision now measures what its round has taken and
+    reserves the next update's allowance, which the update's deadline enforces (the property test
+    in test_scalers.py covers every timing; this runs the real engine)."""
+    budget = 0.005  # about 26 s of learner time at the default $0.68/h
+    trainer = _trainer(redis_url, "eng-slow", rounds=50, budget_usd=budget, backend={"timeout_s": 2},
+                       eval={"every_rounds": 0}, scaler={"name": "fixed", "fixed_actors": 2, "i_min": 2, "i_max": 6})
+    update = trainer.learner.update
+
+    def slow_first(batches):
+        if trainer.learner.n_updates == 0:
+            time.sleep(4.0)
+        return update(batches)
+
+    trainer.learner.update = slow_first
+    reports = drive(trainer, pool, 50)
+    assert reports[-1].stop_reason == STOP_BUDGET and len(reports) >= 2
+    assert float(trainer.ledger.spent) <= budget
+    assert reports[1].metrics["learner_s"] >= 4.0
+
+
+def test_an_update_stops_at_its_deadline(redis_url, pool):
+    trainer = _trainer(redis_url, "eng-deadline", rounds=2, scaler={"name": "fixed", "fixed_actors": 2})
+    drive(trainer, pool, 1)
+    trainer._deadline = time.perf_counter() - 1.0  # what a budget decision sets; already passed
+    report = trainer.update_policy(1)
+    assert report.samples == 256 and report.metrics["update_cut_short"] == 1.0 and report.metrics["sgd_steps"] == 0
+    assert trainer.detect(1, report) is None  # detection is skipped past the deadline too
+
+
+def test_updates_that_keep_failing_stop_the_run(redis_url, pool):
+    from nitro.engine import MAX_FAILED_UPDATES, TrainingError
+
+    trainer = _trainer(redis_url, "eng-failing", rounds=2, scaler={"name": "fixed", "fixed_actors": 2})
+    drive(trainer, pool, 1)
+    trainer.learner.update = lambda batches: {"skipped_minibatches": 4.0, "sgd_steps": 0.0}
+    for _ in range(MAX_FAILED_UPDATES - 1):
+        trainer.update_policy(1)
+    with pytest.raises(TrainingError, match=f"{MAX_FAILED_UPDATES} policy updates in a row had only non-finite"):
+        trainer.update_policy(1)
+
+
+def test_a_round_killed_in_flight_is_billed_on_resume(redis_url, pool, tmp_path):
+    """The learner dies after its actors were invoked and before the round's checkpoint: on resume
+    the invocations are billed from the summaries the actors left in the cache, and at their
+    timeout where none is there; once, however often it resumes."""
+    kw = dict(rounds=3, home=str(tmp_path), backend={"timeout_s": 7}, scaler={"name": "fixed", "fixed_actors": 3})
+    a = _trainer(redis_url, "eng-inflight", **kw)
+    drive(a, pool, 1)
+    save_checkpoint(tmp_path, "eng-inflight", 0, a.state_dict())
+    a.update_policy(1)
+    events = a.actor_events(1, 3, a.publish_weights(1))
+    ran = pool.invoke_many(events[:2])  # the third was never answered: the learner died first
+    assert all(s.ok for s in ran)
+
+    def resume() -> Trainer:
+        b = _trainer(redis_url, "eng-inflight", **kw)
+        _, state = load_checkpoint(tmp_path, "eng-inflight")
+        b.load_state_dict(state)
+        return b
+
+    b = resume()
+    spent_before = b.ledger.spent
+    assert b.bill_interrupted_round() == 3
+    (entry,) = [r for r in b.ledger.rounds if r.interrupted]
+    assert entry.round_idx == 1 and entry.n_requests == 3 and entry.learner == 0
+    assert entry.billed_ms == sum(s.billed_ms for s in ran) + 7000
+    assert b.ledger.spent == spent_before + entry.total
+    assert b.bill_interrupted_round() == 0  # the same dead attempt is billed once
+    save_checkpoint(tmp_path, "eng-inflight", 0, b.state_dict())
+    assert resume().bill_interrupted_round() == 0
+    # the re-run of round 1 reports the interrupted spend in its round's metrics
+    c = resume()
+    report = drive(c, pool, 2)[-1]
+    assert report.round == 1 and report.metrics["spend_interrupted_usd"] == pytest.approx(float(entry.total))
+    assert float(c.ledger.spent) == pytest.approx(sum(r["spend_round_usd"] for r in c.history))

@@ -17,7 +17,7 @@ import yaml
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from nitro.experiment import (
+from nitro.experiments import (
     Cell,
     ExperimentError,
     cell_config,
@@ -167,7 +167,7 @@ def _tiny(tmp_path: Path, redis_url: str) -> tuple[dict, str]:
 
 def test_tiny_experiment_through_the_flow(prefect_api, tmp_path, redis_url):
     from flows.experiment import experiment
-    from nitro.cli import main
+    from cli.main import main
 
     spec, uri = _tiny(tmp_path, redis_url)
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(spec))

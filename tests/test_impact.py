@@ -11,12 +11,11 @@ import torch
 from torch import nn
 from torch.distributions import Categorical
 
-import nitro.impact as impact_mod
 from nitro.config import ImpactConfig
 from nitro.detector import detect_on_batch, hessian_extremes
 from nitro.envs import EnvSpec, env_spec
-from nitro.impact import (
-    ImpactLearner,
+from nitro.learners import ImpactLearner
+from nitro.learners.impact import (
     ReplayBuffer,
     impact_loss,
     impact_surrogate,
@@ -25,7 +24,7 @@ from nitro.impact import (
     vtrace_returns,
     vtrace_value_loss,
 )
-from nitro.ppo import compute_gae
+from nitro.learners.ppo import compute_gae
 from nitro.rollout import rollout
 from nitro.serialization import dumps_tensors, loads_tensors
 
@@ -345,7 +344,7 @@ def test_state_round_trip_with_target_and_replay(hopper_batches, monkeypatch):
     assert set(a.weights()) == set(a.policy.state_dict()) and "obs_norm.mean" in a.weights()
 
     # Above the size limit the batches are dropped; the bookkeeping says what was lost.
-    monkeypatch.setitem(impact_mod._DEFAULTS, "replay_checkpoint_max_bytes", 0)
+    monkeypatch.setattr(a.cfg, "replay_checkpoint_max_bytes", 0)
     tensors, meta = a.state_dict()
     assert not any(k.startswith("replay.") for k in tensors) and meta["replay_batches_included"] is False
     c = ImpactLearner(env_spec(ENV), CFG, seed=0)
@@ -354,17 +353,18 @@ def test_state_round_trip_with_target_and_replay(hopper_batches, monkeypatch):
     assert c.replay.n_added == a.replay.n_added and c.replay_update() is None
 
 
-def test_surrogate_closure_gives_finite_hessian(hopper_batches):
+def test_objective_gives_finite_hessian(hopper_batches):
     round1, _ = hopper_batches
     learner = ImpactLearner(env_spec(ENV), CFG, seed=0)
     learner.update(round1)
-    data = learner.last_batch
+    data = learner.trained_batch
     assert {"rewards", "obs", "actions", "logp", "advantages", "old_loc", "old_scale", "target_logp", "vs"} <= set(data)
     params = learner.policy_parameters()
-    det = hessian_extremes(learner.surrogate_closure(data, np.arange(0, 512, 2)), params, steps=8, negate=True)
+    det = hessian_extremes(learner.objective(np.arange(0, 512, 2)), params, steps=8, negate=True)
     assert det.lambda_max is not None and math.isfinite(det.lambda_max) and math.isfinite(det.lambda_min)
     assert det.lambda_max >= det.lambda_min
-    assert detect_on_batch(learner, data, n_total=len(data["rewards"]), subset_size=128, steps=6).status in (
+    assert learner.trained_samples() == len(data["rewards"])
+    assert detect_on_batch(learner, subset_size=128, steps=6).status in (
         "ok", "lambda_min_nonnegative", "lambda_min_zero")
     assert all(p.grad is None for p in params)
 
@@ -387,7 +387,7 @@ def test_categorical_atari_shaped_smoke():
         }
 
     m1 = learner.update([batch(16)])
-    assert set(np.unique(learner.last_batch["rewards"].numpy())) <= {-1.0, 0.0, 1.0}  # sign-clipped
-    assert learner.last_batch["old_logits"].shape == (16, 6) and m1["logp_drift"] < 1e-4
+    assert set(np.unique(learner.trained_batch["rewards"].numpy())) <= {-1.0, 0.0, 1.0}  # sign-clipped
+    assert learner.trained_batch["old_logits"].shape == (16, 6) and m1["logp_drift"] < 1e-4
     m2 = learner.update([batch(16)])
     assert m2["n_samples"] == 32 and m2["n_replay_batches"] == 1 and math.isfinite(m2["loss"])

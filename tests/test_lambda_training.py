@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from mlflow.tracking import MlflowClient
 
-from nitro.actors.invoke_server import FunctionSpec, InvokeServer
+from tests.support.lambda_invoke_server import FunctionSpec, InvokeServer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -31,7 +31,7 @@ def test_training_with_lambda_actors(prefect_api, lambda_endpoint, redis_url, tm
         "steps_per_actor=128", "scaler.name=fixed", "scaler.fixed_actors=3", "detector.subset_size=64",
         f"home={tmp_path}", f"tracking.mlflow_uri={uri}", f"redis.url={redis_url}",
         f"backend.lambda.endpoint_url={lambda_endpoint}", "backend.lambda.concurrency=4",
-        "backend.lambda.function_timeout_s=60",
+        "backend.lambda.function_timeout_s=60", "eval.episodes=1",
     ], run_id="lambda-e2e"))
     assert result["rounds_done"] == 2
     client = MlflowClient(tracking_uri=uri)
@@ -47,4 +47,6 @@ def test_training_with_lambda_actors(prefect_api, lambda_endpoint, redis_url, tm
     compute = client.get_metric_history(run.info.run_id, "spend_lambda_compute_usd")
     requests = client.get_metric_history(run.info.run_id, "spend_requests_usd")
     assert all(m.value > 0 for m in compute)
-    assert [m.value for m in requests] == pytest.approx([3 * 0.2e-6] * 2)
+    # 3 actors and 2 evaluation episodes (one with the mean action, one sampled) in both rounds,
+    # each an invocation Lambda bills
+    assert [m.value for m in requests] == pytest.approx([(3 + 2) * 0.2e-6] * 2)

@@ -13,7 +13,7 @@ import pytest
 from nitro.actors.events import ActorEvent, invocation_id
 from nitro.actors.local import LocalActorPool
 
-HELPER = "_actor_helpers:scripted"
+HELPER = "tests.support.actor_helpers:scripted"
 
 
 def _event(i: int, seed: int = 0, n_steps: int = 10, round_idx: int = 0) -> ActorEvent:

@@ -50,7 +50,7 @@ def test_learner_side_never_unpickles_a_round(redis_url, monkeypatch):
     from nitro.cache import TrajectoryCache, connect_redis
     from nitro.config import PPOConfig
     from nitro.envs import env_spec
-    from nitro.ppo import PPOLearner
+    from nitro.learners import PPOLearner
     from nitro.serialization import dumps_tensors, loads_tensors
 
     def trap(*_a, **_k):

@@ -91,12 +91,12 @@ def test_short_run(prefect_api, tmp_path, redis_client, redis_url):
     expected = params_from_config(config)
     assert {k: run.data.params.get(k) for k in expected} == expected
 
-    # artifacts: policy, plots (PNG), checkpoint pointer, config
+    # artifacts: plots (PNG, at the root, where MLflow's Compare looks), checkpoint pointer, config;
+    # the final policy is a logged MLflow model linked to the run
     top = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"policy", "plots", "checkpoint", "config"} <= top
-    assert [a.path for a in client.list_artifacts(run.info.run_id, "policy")] == ["policy/policy.safetensors"]
-    plots = [a.path for a in client.list_artifacts(run.info.run_id, "plots")]
-    assert plots and all(p.endswith(".png") for p in plots)
+    assert {"return.png", "actors.png", "spend.png", "checkpoint", "config"} <= top
+    models = [client.get_logged_model(o.model_id) for o in client.get_run(run.info.run_id).outputs.model_outputs]
+    assert [(m.name, str(m.status)) for m in models] == [("policy", "READY")]
 
     # a checkpoint per completed round
     rounds = sorted(p.name for p in checkpoint_dir(home, run_id).iterdir() if p.name.startswith("round-"))
@@ -106,6 +106,45 @@ def test_short_run(prefect_api, tmp_path, redis_client, redis_url):
     keys = sorted(k.decode() for k in redis_client.scan_iter(match=f"nitro:{run_id}:*"))
     assert keys, "the last round's keys should still be there"
     assert all(k.startswith(f"nitro:{run_id}:r{ROUNDS - 1:05d}:") for k in keys), keys
+
+    # Prefect's graph shows the round's data flow: each step's task run lists, among its inputs,
+    # the task run whose result it received
+    edges = asyncio.run(_round_edges(f"{run_id}-round-1"))
+    assert ("boosting-detection", "policy-update") in edges["update"], edges
+    assert ("scaling-decision", "boosting-detection") in edges["detection"], edges
+    assert ("scaling-decision", "policy-update") in edges["update"], edges
+    assert ("plan-invocations", "scaling-decision") in edges["decision"], edges
+    assert ("plan-invocations", "publish-weights") in edges["weights_key"], edges
+    assert ("end-round", "scaling-decision") in edges["decision"], edges
+    assert {("end-round", "invoke-actor")} == edges["summaries"], edges
+
+
+async def _round_edges(round_flow_run_name: str, timeout_s: float = 30.0) -> dict[str, set[tuple[str, str]]]:
+    """{parameter: {(task, upstream task)}} of one round subflow's task runs, as the Prefect API
+    records them (task names without their run suffix). The server writes task runs in batches,
+    so it is polled until end-round, the last one, is there."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.objects import TaskRunResult
+
+    (flow_run,) = await _flow_runs_named(round_flow_run_name)
+    deadline = time.monotonic() + timeout_s
+    async with get_client() as client:
+        while True:
+            runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+            names = {r.id: r.name.rsplit("-", 1)[0] if not r.name.startswith("actor-") else "invoke-actor" for r in runs}
+            if "end-round" in names.values() or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+    edges: dict[str, set[tuple[str, str]]] = {}
+    for r in runs:
+        for param, inputs in r.task_inputs.items():
+            for upstream in inputs:
+                if isinstance(upstream, TaskRunResult) and upstream.id in names:
+                    edges.setdefault(param, set()).add((names[r.id], names[upstream.id]))
+    return {key: edges.get(key, set()) for key in ("update", "detection", "decision", "weights_key", "summaries")}
 
 
 # -- resume after a failure ------------------------------------------------------------------------
@@ -172,7 +211,7 @@ def test_bad_config_through_the_flow_fails_before_any_round(prefect_api, tmp_pat
 
 
 def test_cli_bad_config_exits_2(capsys):
-    from nitro.cli import main
+    from cli.main import main
 
     assert main(["train", "scaler.i_min=32", "scaler.i_max=8"]) == 2
     err = capsys.readouterr().err.strip()
@@ -180,7 +219,7 @@ def test_cli_bad_config_exits_2(capsys):
 
 
 def test_resume_unknown_run_exits_2(tmp_path, capsys):
-    from nitro.cli import main
+    from cli.main import main
 
     assert main(["resume", "unknown-run", "--home", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -13,19 +14,22 @@ from torch.distributions import Categorical, Independent, Normal
 from nitro.config import PPOConfig
 from nitro.envs import EnvSpec, env_spec, make_env
 from nitro.models import Policy
-from nitro.ppo import (
-    PPOLearner,
+from nitro.learners import PPOLearner
+from nitro.learners.common import (
     adapt_kl_coef,
-    clipped_surrogate,
-    compute_gae,
     discounted_return_trace,
     entropy_bonus,
     explained_variance,
     kl_penalty,
     noise_scale_from_norms,
-    ppo_loss,
-    prepare_batches,
     training_rewards,
+)
+from nitro.learners.ppo import (
+    clipped_surrogate,
+    compute_gae,
+    ppo_loss,
+    ppo_objective,
+    prepare_batches,
     value_loss,
 )
 from nitro.serialization import dumps_tensors, loads_tensors
@@ -286,13 +290,15 @@ def _flat(module: nn.Module) -> torch.Tensor:
 
 def test_learner_update_improves_objective_and_changes_weights(hopper_batches):
     round1, _ = hopper_batches
-    learner = PPOLearner(env_spec(ENV), CFG, seed=0)
+    learner = PPOLearner(env_spec(ENV), CFG, seed=0, noise_scale=True)  # as the kungfu scaler asks for it
     data = learner.prepare(round1)
-    closure = learner.surrogate_closure(data, np.arange(len(data["rewards"])))
+    closure = ppo_objective(learner.policy, data, np.arange(len(data["rewards"])),
+                            clip=CFG.clip, kl_coef=learner.kl_coef, entropy_coef=CFG.entropy_coef)
     with torch.no_grad():
         surrogate_before = float(closure())
         vf_before = float(value_loss(learner.critic(learner.policy.features(data["obs"])), data["returns"], data["values"], CFG.vf_clip))
     p_before, c_before = _flat(learner.policy), _flat(learner.critic)
+    before = copy.deepcopy(learner.policy)
 
     m = learner.update(round1)
 
@@ -308,7 +314,14 @@ def test_learner_update_improves_objective_and_changes_weights(hopper_batches):
         assert isinstance(m[key], float), key
     assert m["n_samples"] == 512.0
     assert m["kl"] > 0 and math.isfinite(m["grad_noise_tr_sigma"]) and m["grad_noise_tr_sigma"] > 0
-    assert m["logp_drift"] < 1e-4  # the pre-update policy is the behaviour policy
+    # the round's statistics are merged BEFORE the update: the KL anchor is the pre-update policy
+    # read through the merged statistics, and the actors' log-probs differ from it only by that move
+    assert float(learner.policy.obs_norm.count) == pytest.approx(1e-4 + 512)
+    before.obs_norm.load_state_dict(learner.policy.obs_norm.state_dict())
+    with torch.no_grad():
+        anchor = before.distribution(learner.trained_batch["obs"]).base_dist.loc
+    assert torch.allclose(anchor, learner.trained_batch["old_loc"], atol=1e-6)
+    assert 0 < m["logp_drift"] < 0.5
     # adaptive KL applied after the update, from the whole-batch KL
     assert m["kl_coef"] == pytest.approx(adapt_kl_coef(m["kl_coef_used"], m["kl"], CFG.kl_target))
     assert learner.kl_coef == m["kl_coef"]
@@ -373,10 +386,10 @@ def test_stats_frozen_during_update_and_closure_supports_hvp(hopper_batches):
     round1, _ = hopper_batches
     learner = PPOLearner(env_spec(ENV), CFG, seed=0)
     mean_before = learner.policy.obs_norm.mean.clone()
-    data = learner.prepare(round1)
+    learner.prepare(round1)
     assert torch.equal(learner.policy.obs_norm.mean, mean_before)  # preparing does not touch stats
     learner.update(round1)
-    closure = learner.surrogate_closure(data, np.arange(0, 512, 4))
+    closure = learner.objective(np.arange(0, 512, 4))  # on the update's batch, prepare(round1)
     params = learner.policy_parameters()
     grads = torch.autograd.grad(closure(), params, create_graph=True)
     vec = [torch.randn_like(p) for p in params]

@@ -14,117 +14,43 @@ Every process started here runs in its own process group and is killed with it a
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import httpx
 import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
 from nitro.tracking import CANONICAL_METRICS
+from tests.support.servers import (
+    deploy_leaves_no_trace,
+    flow_runs_named,
+    prefect_cli,
+    prefect_server,
+    prefect_worker,
+    wait_flow_run,
+)
 
 pytestmark = pytest.mark.timeout(420)
 
-REPO = Path(__file__).resolve().parents[1]
-PREFECT = str(Path(sys.executable).with_name("prefect"))
 ROUNDS = 3
 FAIL_AT = 1
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
-    except ProcessLookupError:
-        pass
-
-
-def _spawn(args: list[str], env: dict, log: Path) -> subprocess.Popen:
-    out = open(log, "wb")
-    return subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _tail(path: Path, n: int = 3000) -> str:
-    try:
-        return path.read_text(errors="replace")[-n:]
-    except OSError:
-        return ""
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`prefect server start` on a free port with its own PREFECT_HOME; yields (api_url, env, tmp)."""
     tmp = tmp_path_factory.mktemp("prefect-server")
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "NITRO_", "MLFLOW_"))}
-    env.update(
-        PREFECT_HOME=str(tmp / "prefect-home"),
-        PREFECT_API_URL=api,
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_UI_ENABLED="false",
-        PREFECT_SERVER_API_HOST="127.0.0.1",
-        PREFECT_SERVER_API_PORT=str(port),
-        PREFECT_SERVER_LOGGING_LEVEL="WARNING",
-        PREFECT_LOGGING_LEVEL="INFO",
-        MUJOCO_GL="disable",
-        PYTHONUNBUFFERED="1",
-    )
-    log = tmp / "server.log"
-    proc = _spawn([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, log)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"prefect server exited with {proc.returncode}:\n{_tail(log)}")
-            try:
-                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"prefect server not healthy within 90 s:\n{_tail(log)}")
-            time.sleep(0.5)
-        yield api, env, tmp
-    finally:
-        _kill_group(proc)
-
-
-def _cli(env: dict, *args: str, timeout: float = 120) -> str:
-    done = subprocess.run([PREFECT, "--no-prompt", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    assert done.returncode == 0, f"prefect {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+    with prefect_server(tmp) as srv:
+        yield srv.api, srv.env, tmp
 
 
 @pytest.fixture(scope="module")
 def deployment(server):
     """Pools, `prefect deploy --all` from prefect.yaml, and a worker on `nitro-local`."""
     api, env, tmp = server
-    _cli(env, "work-pool", "create", "nitro-local", "--type", "process")
-    _cli(env, "work-pool", "create", "nitro-lambda", "--type", "process")
-    before = set((REPO / ".prefect").iterdir()) if (REPO / ".prefect").exists() else None
-    _cli(env, "deploy", "--all", timeout=180)
-    if before is None:  # deploy may create a .prefect/ folder in the checkout: leave no trace
-        shutil.rmtree(REPO / ".prefect", ignore_errors=True)
+    prefect_cli(env, "work-pool", "create", "nitro-local", "--type", "process")
+    prefect_cli(env, "work-pool", "create", "nitro-lambda", "--type", "process")
+    with deploy_leaves_no_trace():
+        prefect_cli(env, "deploy", "--all")
 
     with httpx.Client(base_url=api, timeout=30) as client:
         dep = client.get("/deployments/name/nitro-train/local-actors")
@@ -133,38 +59,9 @@ def deployment(server):
         assert dep["enforce_parameter_schema"] is True
         assert all(not s["active"] for s in dep["schedules"]), "schedules must ship inactive"
 
-    worker_env = dict(env, NITRO_INJECT_FAILURE_AT_ROUND=str(FAIL_AT), PREFECT_WORKER_QUERY_SECONDS="1",
-                      PREFECT_LOGGING_LEVEL="INFO")
     log = tmp / "worker.log"
-    # No `--limit`: with a limit, Prefect 3.8.8's worker crashes ("this borrower is already holding one
-    # of this CapacityLimiter's tokens") when a run is retried (same flow-run id) before the worker has
-    # released the slot of its failed attempt (PrefectHQ/prefect#10632, #16806).
-    worker = _spawn([PREFECT, "worker", "start", "--pool", "nitro-local", "--type", "process"],
-                    worker_env, log)
-    try:
+    with prefect_worker(dict(env, NITRO_INJECT_FAILURE_AT_ROUND=str(FAIL_AT)), "nitro-local", log):
         yield api, dep, tmp, log
-    finally:
-        _kill_group(worker)
-
-
-def _wait_state(client: httpx.Client, flow_run_id: str, states: set[str], timeout_s: float, log: Path) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        fr = client.get(f"/flow_runs/{flow_run_id}").json()
-        state = fr["state"]["type"] if fr.get("state") else None
-        if state in states:
-            return fr
-        if state in {"FAILED", "CRASHED", "CANCELLED", "COMPLETED"} - states:
-            pytest.fail(f"flow run ended {state}: {fr['state'].get('message')}\nworker log:\n{_tail(log)}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"flow run still {state} after {timeout_s:.0f} s\nworker log:\n{_tail(log)}")
-        time.sleep(1)
-
-
-def _flow_runs_named(client: httpx.Client, name: str) -> list[dict]:
-    resp = client.post("/flow_runs/filter", json={"flow_runs": {"name": {"any_": [name]}}})
-    resp.raise_for_status()
-    return resp.json()
 
 
 def test_deployed_run_fails_retries_and_resumes(deployment):
@@ -187,7 +84,7 @@ def test_deployed_run_fails_retries_and_resumes(deployment):
         run_id = "run-" + flow_run_id.replace("-", "")[:12]  # flows.training.default_run_id
 
         # 3. the injected failure in round 1 fails the run
-        failed = _wait_state(client, flow_run_id, {"FAILED"}, 180, log)
+        failed = wait_flow_run(client, flow_run_id, {"FAILED"}, 180, log)
         assert "injected failure in round 1" in (failed["state"]["message"] or ""), failed["state"]
 
         # ... retried as the UI's Retry button does: same flow-run id back to Scheduled/AwaitingRetry
@@ -195,15 +92,15 @@ def test_deployed_run_fails_retries_and_resumes(deployment):
             "state": {"type": "SCHEDULED", "name": "AwaitingRetry", "message": "Retry from the UI"}})
         assert resp.status_code in (200, 201), resp.text
         assert resp.json()["status"] == "ACCEPT", resp.json()
-        done = _wait_state(client, flow_run_id, {"COMPLETED"}, 180, log)
+        done = wait_flow_run(client, flow_run_id, {"COMPLETED"}, 180, log)
         assert done["run_count"] >= 2
 
         # 4. rounds before the failure ran once; the failed round ran again
-        round0 = _flow_runs_named(client, f"{run_id}-round-0")
+        round0 = flow_runs_named(client, f"{run_id}-round-0")
         assert [r["state"]["type"] for r in round0] == ["COMPLETED"]
-        round1 = sorted(r["state"]["type"] for r in _flow_runs_named(client, f"{run_id}-round-{FAIL_AT}"))
+        round1 = sorted(r["state"]["type"] for r in flow_runs_named(client, f"{run_id}-round-{FAIL_AT}"))
         assert round1 == ["COMPLETED", "FAILED"]
-        last = _flow_runs_named(client, f"{run_id}-round-{ROUNDS - 1}")
+        last = flow_runs_named(client, f"{run_id}-round-{ROUNDS - 1}")
         assert [r["state"]["type"] for r in last] == ["COMPLETED"]
 
     # MLflow: the store was created; exactly one run in it, one value per round per metric
@@ -244,7 +141,7 @@ def test_bad_override_fails_the_run_with_a_message_naming_the_field(deployment):
     with httpx.Client(base_url=api, timeout=30) as client:
         resp = client.post(f"/deployments/{dep['id']}/create_flow_run", json={"parameters": params})
         assert resp.status_code == 201, resp.text
-        fr = _wait_state(client, resp.json()["id"], {"FAILED"}, 120, log)
+        fr = wait_flow_run(client, resp.json()["id"], {"FAILED"}, 120, log)
     message = fr["state"]["message"] or ""
     assert "ConfigError" in message and "i_min" in message, message
     assert not (tmp / "bad-home").exists()

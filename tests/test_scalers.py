@@ -7,9 +7,10 @@ import math
 from decimal import Decimal
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from nitro.budget import LearnerBound, decision_cost
 from nitro.config import PriceTable, ScalerConfig
 from nitro.cost import CostLedger
 from nitro.scalers import (
@@ -19,6 +20,7 @@ from nitro.scalers import (
     RoundSignal,
     boost_prob_for_mean,
     cap_by_budget,
+    largest_affordable,
     make_scaler,
 )
 
@@ -167,6 +169,9 @@ money = st.decimals(min_value=Decimal("0"), max_value=Decimal("0.0001"), places=
     arch=st.sampled_from(["x86_64", "arm64"]),
     provisioned=st.integers(0, 16),
     timeout_ms=st.integers(1, 900_000),
+    parallel=st.integers(1, 64),
+    steps=st.integers(1, 2048),
+    eval_invocations=st.sampled_from([0, 2, 20]),
     budget=st.decimals(min_value=Decimal("0"), max_value=Decimal("20"), places=4),
     rounds=st.integers(1, 40),
     i_min=st.integers(1, 16),
@@ -175,11 +180,16 @@ money = st.decimals(min_value=Decimal("0"), max_value=Decimal("0.0001"), places=
     seed=st.integers(0, 2**16),
 )
 def test_budget_is_never_exceeded(data, name, learner_per_hour, gb_s, per_million, prov, prov_dur, memory_mb, arch,
-                                  provisioned, timeout_ms, budget, rounds, i_min, i_span, stop_below_i_min, seed):
-    """An engine-shaped loop: scaler -> cap_by_budget with upper bounds of the round's costs ->
-    actors with random real durations (at most the timeout, longer ones are cut) and a learner
-    time at most its bound -> ledger. The ledger never exceeds the budget; the run stops exactly
-    when the cap says 0, and then the budget really could not pay for the minimum."""
+                                  provisioned, timeout_ms, parallel, steps, eval_invocations, budget, rounds, i_min,
+                                  i_span, stop_below_i_min, seed):
+    """The engine's budget cap, round after round: scaler -> ``largest_affordable`` with the
+    engine's own ``decision_cost`` -> actors billed anything up to (and past: the ledger cuts at)
+    their timeout -> ledger. The learner's time is drawn as the engine bounds it, not from the
+    last round: a round's part before its decision (the update and detection, the first update
+    included) anywhere up to what the previous decision allowed for it, measured when the
+    decision is made; its actors' part anywhere up to their timeout-bounded waves. Learner times
+    far beyond the old reservation (twice the last round) are drawn too. The ledger never passes
+    the budget; the run stops exactly when the cap says 0."""
     prices = PriceTable(
         learner_per_hour=float(learner_per_hour), lambda_gb_s_x86=float(gb_s), lambda_gb_s_arm=float(gb_s),
         lambda_per_million_requests=float(per_million), provisioned_gb_s=float(prov),
@@ -188,26 +198,39 @@ def test_budget_is_never_exceeded(data, name, learner_per_hour, gb_s, per_millio
     )
     ledger = CostLedger(prices, memory_mb=memory_mb, architecture=arch, provisioned_concurrency=provisioned,
                         local_actors=True, max_billed_ms=timeout_ms)
+    bound = LearnerBound(parallel=parallel, timeout_s=timeout_ms / 1000)
     cfg = ScalerConfig(name=name, i_min=i_min, i_max=i_min + i_span, window=3, fixed_actors=i_min + i_span // 2)
     scaler = make_scaler(cfg, seed)
-    learner_bound_s = data.draw(st.floats(0, 7200, allow_nan=False), label="learner_bound_s")
-    per_actor = ledger.max_actor_cost()
     min_actors = cfg.i_min if stop_below_i_min else 1
+    # Round 0 has no update: its part before the decision is the scaler's call. A budget too small
+    # to pay even for that cannot be held by any cap (the run stops at its first decision).
+    before_decision = data.draw(st.floats(0, 0.5), label="round 0 before its decision (s)")
+    assume(ledger.learner_cost(before_decision) + ledger.provisioned_cost(before_decision) <= budget)
     for k in range(rounds):
         R = data.draw(st.one_of(st.none(), st.just(NAN), st.floats(-5, 5)), label="R")
         gns = data.draw(st.one_of(st.none(), st.floats(0, 1e6)), label="gns")
         wanted = scaler.decide(k, RoundSignal(R=R, grad_noise_scale=gns))
         if name != "fixed":
             assert cfg.i_min <= wanted <= cfg.i_max
-        fixed = ledger.round_fixed_cost(learner_bound_s, learner_bound_s)
+        invocations = lambda n: n + eval_invocations if n else 0  # noqa: E731
+        cost = lambda n: decision_cost(ledger, bound, before_decision, invocations(n), n * steps)  # noqa: E731
         remaining = ledger.remaining(budget)
-        n = cap_by_budget(wanted, remaining, per_actor, fixed, min_actors=min_actors)
+        n = largest_affordable(wanted, remaining, cost, min_actors=min_actors)
         assert 0 <= n <= wanted
-        if n == 0:  # clean stop: it really could not pay for the minimum
-            assert remaining < fixed + min(min_actors, wanted) * per_actor
+        if n == 0:  # clean stop: it really could not pay for the minimum; the round is charged what it took
+            assert remaining < cost(min(min_actors, wanted)) or wanted == 0
+            ledger.charge_round(k, before_decision, [], provisioned_seconds=before_decision)
+            assert ledger.spent <= budget, (ledger.spent, budget)
             break
-        learner_s = data.draw(st.floats(0, learner_bound_s), label="learner_s")
-        billed = data.draw(st.lists(st.integers(0, 2 * timeout_ms), min_size=n, max_size=n), label="billed")
-        rc = ledger.charge_round(k, learner_s, billed, provisioned_seconds=learner_s)
+        acting = data.draw(st.floats(0, bound.acting_s(invocations(n))), label="actors' part (s)")
+        billed = data.draw(st.lists(st.integers(0, 2 * timeout_ms), min_size=invocations(n), max_size=invocations(n)),
+                           label="billed ms")
+        round_s = before_decision + acting
+        rc = ledger.charge_round(k, round_s, billed, provisioned_seconds=round_s)
         assert rc.total == rc.learner + rc.lambda_compute + rc.requests + rc.provisioned
         assert ledger.spent <= budget, (ledger.spent, budget)
+        # The next round's update and detection: enforced by the deadline set at this decision,
+        # so anywhere up to the allowance plus what the actors left unused of theirs.
+        allowed = bound.acting_s(invocations(n)) - acting + bound.allowance_s(n * steps)
+        before_decision = data.draw(st.one_of(st.floats(0, allowed), st.just(allowed)), label="next update (s)")
+        bound.observe(before_decision, n * steps)

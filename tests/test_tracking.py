@@ -20,6 +20,8 @@ from mlflow.tracking import MlflowClient
 from nitro.config import NitroConfig
 from nitro.tracking import (
     CANONICAL_METRICS,
+    HEADLINE_METRICS,
+    HEADLINE_PREFIX,
     LOCAL_COST_MODEL,
     SENTINEL_METRIC,
     TAG_CHECKPOINT,
@@ -85,7 +87,8 @@ def test_start_log_reattach_same_run(tracker: RunTracker, tracking_uri: str, mon
     assert tags["prefect.flow_run_url"] == "http://127.0.0.1:4200/runs/flow-run/flow-1"
     assert run.info.run_name == "nitro-run-a"
     monkeypatch.setenv("MLFLOW_UI_URL", "http://mlflow.local:5000/")
-    assert tracker.run_url(rid) == f"http://mlflow.local:5000/#/experiments/{tracker.experiment_id}/runs/{rid}"
+    assert tracker.run_url(rid) == (f"http://mlflow.local:5000/#/experiments/{tracker.experiment_id}/runs/{rid}"
+                                    "?workflowType=machine_learning")
 
     # A resumed run: new process (new tracker), same Prefect flow run (retry) -> same MLflow run
     again = RunTracker(tracking_uri, "nitro-test")
@@ -124,7 +127,7 @@ def test_relogging_a_round_does_not_duplicate(tracker: RunTracker, tracking_uri:
     for key in (*CANONICAL_METRICS, "ppo/kl", SENTINEL_METRIC):
         hist = client.get_metric_history(rid, key)
         assert sorted(m.step for m in hist) == [0, 1, 2, 3, 4], key
-    assert client.get_run(rid).data.metrics["return_mean"] == pytest.approx(4.0)
+    assert client.get_run(rid).data.metrics["eval_return_mean"] == pytest.approx(4.0)
 
 
 def test_log_round_is_one_batch(tracker: RunTracker, monkeypatch):
@@ -137,11 +140,12 @@ def test_log_round_is_one_batch(tracker: RunTracker, monkeypatch):
     m["boost_score"] = float("nan")
     m["ignored"] = None
     tracker.log_round(rid, 0, m)
-    assert len(calls) == 1 and len(calls[0]["metrics"]) == len(_metrics(0)) + 1  # + sentinel
+    # one batch: the metrics, their headline copies and the sentinel
+    assert len(calls) == 1 and len(calls[0]["metrics"]) == len(_metrics(0)) + len(HEADLINE_METRICS) + 1
     assert all(x.step == 0 for x in calls[0]["metrics"])
     assert math.isnan(tracker.client.get_run(rid).data.metrics["boost_score"])
     with pytest.raises(ValueError, match="not a number"):
-        tracker.log_round(rid, 1, {"return_mean": "high"})
+        tracker.log_round(rid, 1, {"eval_return_mean": "high"})
 
 
 def test_no_stray_runs_from_threads(tracker: RunTracker, tracking_uri: str):
@@ -177,7 +181,7 @@ def test_no_stray_runs_from_threads(tracker: RunTracker, tracking_uri: str):
     runs = _all_runs(client)
     assert sorted(r.info.run_id for r in runs) == sorted(rids), "stray MLflow runs appeared"
     for rid in rids:
-        for key in ("return_mean", "spend_total_usd", SENTINEL_METRIC):
+        for key in ("eval_return_mean", "spend_total_usd", SENTINEL_METRIC):
             assert sorted(m.step for m in client.get_metric_history(rid, key)) == list(range(12))
 
 
@@ -207,6 +211,17 @@ def test_param_limits_are_handled(tracker: RunTracker, monkeypatch):
     assert len(logged) == len(flat) and len(logged["long.value"]) == 6000
 
 
+def _policy_payload(env_id: str = "Hopper-v5") -> tuple[bytes, object]:
+    """A real (untrained) policy as ``Trainer.policy_payload`` publishes it, and the module."""
+    from nitro.envs import env_spec
+    from nitro.models import Architecture, build_policy
+    from nitro.serialization import dumps_tensors
+
+    policy = build_policy(env_spec(env_id), seed=0)
+    meta = {"format": "nitro.policy/1", "env_id": env_id, "version": 5, "arch": Architecture().to_meta()}
+    return dumps_tensors({k: v.numpy() for k, v in policy.state_dict().items()}, meta), policy
+
+
 def test_final_artifacts_and_end(tracker: RunTracker, tmp_path: Path):
     rid = tracker.start_or_attach(None, "nitro-run-final", NitroConfig(), {})
     rows = []
@@ -215,27 +230,27 @@ def test_final_artifacts_and_end(tracker: RunTracker, tmp_path: Path):
         tracker.log_round(rid, k, m)
         rows.append({"round": k, **m})
     ckpt = tmp_path / "ckpts" / "nitro-run-final"
-    written = tracker.log_final(rid, b"SAFETENSORS-BYTES", ckpt, rows)
+    payload, _ = _policy_payload()
+    written = tracker.log_final(rid, payload, ckpt, rows)
     assert set(written) == {"policy", "checkpoint", "plot_return", "plot_actors", "plot_spend"}
 
     client = tracker.client
     run = client.get_run(rid)
     assert run.info.status == "FINISHED"
     assert run.data.tags[TAG_CHECKPOINT] == str(ckpt.resolve())
-    listed = {f.path for d in ("policy", "checkpoint", "plots", "config") for f in client.list_artifacts(rid, d)}
-    assert {
-        "policy/policy.safetensors",
-        "checkpoint/POINTER.txt",
-        "plots/return.png",
-        "plots/actors.png",
-        "plots/spend.png",
-        "config/config.yaml",
-    } <= listed
+    # plots at the artifact root: MLflow's Compare page lists root files only
+    top = {f.path for f in client.list_artifacts(rid)}
+    assert {"return.png", "actors.png", "spend.png", "checkpoint", "config"} <= top
     local = Path(client.download_artifacts(rid, "", str(tmp_path / "dl")))
-    assert (local / "policy" / "policy.safetensors").read_bytes() == b"SAFETENSORS-BYTES"
-    assert str(ckpt.resolve()) in (local / "checkpoint" / "POINTER.txt").read_text()
+    pointer = (local / "checkpoint" / "POINTER.txt").read_text()
+    assert str(ckpt.resolve()) in pointer and "nitro resume nitro-run-final" in pointer
     for name in ("return", "actors", "spend"):
-        assert (local / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (local / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the policy is a LoggedModel of the run, at the last round's step
+    [output] = run.outputs.model_outputs
+    assert written["policy"] == f"models:/{output.model_id}" and output.step == 4
+    model = client.get_logged_model(output.model_id)
+    assert model.name == "policy" and str(model.status) == "READY" and model.source_run_id == rid
 
     # re-attaching a finished run (resume after the end) marks it running again, same id
     assert tracker.start_or_attach(None, "nitro-run-final", NitroConfig(), {}) == rid
@@ -244,13 +259,95 @@ def test_final_artifacts_and_end(tracker: RunTracker, tmp_path: Path):
     assert client.get_run(rid).info.status == "FAILED"
 
 
+def test_policy_model_predicts_actions_and_registers(tracker: RunTracker, tracking_uri: str):
+    """The logged policy loads with mlflow.pyfunc.load_model (no pickle inside) and maps a batch of
+    observations to the policy's deterministic actions; it can be registered."""
+    import numpy as np
+
+    rid = tracker.start_or_attach(None, "nitro-run-model", NitroConfig(), {})
+    payload, policy = _policy_payload()
+    model_id = tracker.log_policy_model(rid, payload, step=5)
+
+    mlflow.set_tracking_uri(tracking_uri)  # models:/ URIs resolve in the global store; reset below
+    try:
+        loaded = mlflow.pyfunc.load_model(f"models:/{model_id}")
+        obs = np.random.default_rng(0).normal(size=(7, 11))  # Hopper: 11 floats, as the env gives them
+        actions = loaded.predict(obs)
+        assert actions.shape == (7, 3) and actions.dtype == np.float32
+        expected = np.stack([policy.act(o.astype(np.float32)) for o in obs])
+        assert np.allclose(actions, expected, atol=1e-6)
+        assert loaded.metadata.get_input_schema().inputs[0].shape == (-1, 11)
+        with pytest.raises(mlflow.exceptions.MlflowException):
+            loaded.predict(np.zeros((2, 5)))  # wrong observation shape: refused by the signature
+        version = mlflow.register_model(f"models:/{model_id}", "nitro-hopper-policy")
+        assert int(version.version) == 1
+    finally:
+        mlflow.set_tracking_uri(None)
+    files = {p.name for p in Path(tracker.client.get_logged_model(model_id).artifact_location.removeprefix("file://")).rglob("*")}
+    assert {"MLmodel", "policy.safetensors", "env_spec.json", "input_example.json"} <= files
+    assert not any(name.endswith((".pkl", ".pickle")) or name == "python_model.pkl" for name in files)
+
+
+def test_headline_group_and_carried_score(tracker: RunTracker, tracking_uri: str):
+    """Headline/* copies exist for the headline metrics only; the score's copy carries the last
+    evaluation over the rounds between evaluations, also across a resume (a new tracker)."""
+    rid = tracker.start_or_attach(None, "nitro-run-headline", NitroConfig(), {})
+    scores = [10.0, math.nan, math.nan, 30.0, math.nan]
+    for k, score in enumerate(scores[:3]):
+        tracker.log_round(rid, k, {**_metrics(k), "eval_return_mean": score})
+    resumed = RunTracker(tracking_uri, "nitro-test")
+    for k, score in enumerate(scores[3:], start=3):
+        resumed.log_round(rid, k, {**_metrics(k), "eval_return_mean": score})
+    client = tracker.client
+    logged = set(client.get_run(rid).data.metrics)
+    assert {k for k in logged if k.startswith(HEADLINE_PREFIX)} == {HEADLINE_PREFIX + m for m in HEADLINE_METRICS}
+    carried = [m.value for m in sorted(client.get_metric_history(rid, HEADLINE_PREFIX + "eval_return_mean"),
+                                       key=lambda m: m.step)]
+    assert carried == [10.0, 10.0, 10.0, 30.0, 30.0]
+    raw = [m.value for m in sorted(client.get_metric_history(rid, "eval_return_mean"), key=lambda m: m.step)]
+    assert [v for v in raw if not math.isnan(v)] == [10.0, 30.0]  # the canonical metric is untouched
+
+
+def test_experiment_opens_as_model_training_with_headline_columns(tracker: RunTracker, monkeypatch):
+    import json
+
+    tags = tracker.client.get_experiment(tracker.experiment_id).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(tags["mlflow.sharedViewState.nitro"])
+    assert view["selectedColumns"][: len(HEADLINE_METRICS)] == [f"metrics.`Headline/{m}`" for m in HEADLINE_METRICS]
+    monkeypatch.setenv("MLFLOW_UI_URL", "http://mlflow.local:5000")
+    assert tracker.experiment_url() == (f"http://mlflow.local:5000/#/experiments/{tracker.experiment_id}/runs"
+                                        "?viewStateShareKey=nitro&workflowType=machine_learning")
+    # a kind chosen by a user is kept
+    tracker.client.set_experiment_tag(tracker.experiment_id, "mlflow.experimentKind", "genai_development")
+    RunTracker(tracker.tracking_uri, "nitro-test")
+    assert tracker.client.get_experiment(tracker.experiment_id).tags["mlflow.experimentKind"] == "genai_development"
+
+
+def test_run_is_named_after_the_flow_run_and_links_back(tracker: RunTracker):
+    url = "http://prefect.local:4200/runs/flow-run/f-1"
+    rid = tracker.start_or_attach("f-1", "nitro-run-named", NitroConfig(), {}, flow_run_name="glossy-panda",
+                                  flow_run_url=url)
+    run = tracker.client.get_run(rid)
+    assert run.info.run_name == "glossy-panda"
+    assert run.data.tags["prefect.flow_run_name"] == "glossy-panda" and run.data.tags["prefect.flow_run_url"] == url
+    assert f"[glossy-panda]({url})" in run.data.tags["mlflow.note.content"]
+    # `nitro resume` from a new flow run: same MLflow run (same name), the link follows the new flow run
+    url2 = "http://prefect.local:4200/runs/flow-run/f-2"
+    assert tracker.start_or_attach("f-2", "nitro-run-named", NitroConfig(), {}, flow_run_name="brave-otter",
+                                   flow_run_url=url2) == rid
+    run = tracker.client.get_run(rid)
+    assert run.info.run_name == "glossy-panda"
+    assert f"[brave-otter]({url2})" in run.data.tags["mlflow.note.content"]
+
+
 def test_final_rebuilds_rows_from_store(tracker: RunTracker):
     rid = tracker.start_or_attach(None, "nitro-run-rows", NitroConfig(), {})
     for k in range(3):
         tracker.log_round(rid, k, _metrics(k))
-    rows = tracker.round_rows(rid, ["return_mean", "spend_total_usd"])
+    rows = tracker.round_rows(rid, ["eval_return_mean", "spend_total_usd"])
     assert [r["round"] for r in rows] == [0, 1, 2]
-    assert rows[2]["return_mean"] == pytest.approx(2.0)
+    assert rows[2]["eval_return_mean"] == pytest.approx(2.0)
     written = tracker.log_final(rid, None, "s3://bucket/ckpt/nitro-run-rows", None, status="KILLED")
     assert "policy" not in written and "plot_return" in written
     run = tracker.client.get_run(rid)

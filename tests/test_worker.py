@@ -81,7 +81,7 @@ def test_duplicate_delivery_counts_once(published, redis_url, redis_client):
 @pytest.mark.parametrize(
     "change,expected",
     [
-        ({"env_id": "CartPole-v1"}, "invalid event: env_id: unknown env id"),
+        ({"env_id": "NoSuchEnv-v0"}, "invalid event: env_id: unknown env id"),
         ({"n_steps": 0}, "invalid event: n_steps"),
         ({"cache_url": "http://x"}, "invalid event: cache_url"),
         ({"surprise": 1}, "invalid event: surprise"),

@@ -6,9 +6,11 @@
 * ``nitro-actor`` (the Lambda functions): reads a round's weights and writes its own batch.
   Commands: GET, SET, RPUSH, EXPIRE and EVALSHA/SCRIPT LOAD of the cache's put-batch script (SET NX +
   RPUSH + EXPIRE in one atomic step). Keys: ``nitro:*:weights`` read-only;
-  ``nitro:*:batch:*`` and ``nitro:*:done`` read-write (Redis checks a script's declared keys for
+  ``nitro:*:batch:*``, ``nitro:*:done`` and ``nitro:*:episode:*`` read-write (Redis checks a script's declared keys for
   both read and write, so the atomic script needs RW there; without DEL/KEYS/SCAN/LRANGE the
-  actor still cannot delete, list, or enumerate anything). It cannot write weights, touch keys
+  actor still cannot delete, list, or enumerate anything); ``nitro:*:summary:*`` write-only (its
+  summary, so that a run resumed after its learner died can still bill the invocation). It
+  cannot write weights, read other actors' summaries, touch keys
   outside ``nitro:*``, or run admin commands (FLUSHALL, CONFIG, KEYS, DEBUG, ...). Scripts run
   under the same ACL, so EVALSHA does not widen it.
 * ``nitro-learner`` (the Prefect worker / learner): everything under ``nitro:*`` that the
@@ -32,7 +34,7 @@ LEARNER_USER = "nitro-learner"
 ACTOR_RULES = [
     "resetkeys", "resetchannels", "-@all",
     "+ping", "+get", "+set", "+rpush", "+expire", "+evalsha", "+script|load",
-    "%R~nitro:*:weights", "~nitro:*:batch:*", "~nitro:*:done",
+    "%R~nitro:*:weights", "~nitro:*:batch:*", "~nitro:*:done", "~nitro:*:episode:*", "%W~nitro:*:summary:*",
 ]
 LEARNER_RULES = [
     "resetkeys", "resetchannels", "-@all",

@@ -7,13 +7,34 @@ trajectory cache under its invocation id.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from nitro.envs import SUPPORTED_ENVS
+from nitro.envs import UnknownEnvError, check_env_id
 
 
-def invocation_id(run_id: str, round_idx: int, i: int) -> str:
-    return f"{run_id}-r{round_idx:05d}-{i:04d}"
+_MODE_TAGS = {"train": "", "eval_deterministic": "-evd", "eval_stochastic": "-evs"}
+
+
+def invocation_id(run_id: str, round_idx: int, i: int, mode: str = "train") -> str:
+    """Unique per (run, round, mode, slot); the mode is part of it, so a summary (even a failed
+    one, which a backend builds from the id alone) always says what its invocation was for."""
+    return f"{run_id}-r{round_idx:05d}{_MODE_TAGS[mode]}-{i:04d}"
+
+
+def invocation_mode(inv_id: str) -> str:
+    """The mode ``invocation_id`` encoded in ``inv_id``."""
+    for mode, tag in _MODE_TAGS.items():
+        if tag and inv_id.rsplit("-", 1)[0].endswith(tag):
+            return mode
+    return "train"
+
+
+# What an invocation does: "train" rolls out n_steps and writes a trajectory batch (continuing the
+# episode of ``episode_key`` when set); "eval_*" play ``n_episodes`` whole episodes, with the mean
+# action or sampled actions, within n_steps, and write nothing.
+ActorMode = Literal["train", "eval_deterministic", "eval_stochastic"]
 
 
 class ActorEvent(BaseModel):
@@ -32,13 +53,17 @@ class ActorEvent(BaseModel):
         description="where to find the password: {'env': VAR} or {'secret_arn': ARN}; never the secret",
     )
     batch_ttl_s: int = Field(86_400, ge=1)
+    mode: ActorMode = "train"
+    episode_key: str | None = Field(None, description="train: the snapshot of an unfinished episode to continue")
+    n_episodes: int = Field(1, ge=1, le=1000, description="eval: whole episodes to play")
 
     @field_validator("env_id")
     @classmethod
     def _known_env(cls, v: str) -> str:
-        if v not in SUPPORTED_ENVS:
-            raise ValueError(f"unknown env id {v!r}; supported: {', '.join(SUPPORTED_ENVS)}")
-        return v
+        try:
+            return check_env_id(v)
+        except UnknownEnvError as exc:
+            raise ValueError(str(exc)) from None
 
     @field_validator("cache_url")
     @classmethod
@@ -62,6 +87,8 @@ class ActorSummary(BaseModel):
     batch_key: str | None = None
     batch_bytes: int = 0
     memory_mb: int = 0
+    continued: bool = False  # it continued the event's episode (False: the snapshot had expired)
+    episode_key: str | None = None  # the snapshot of the episode it left unfinished
 
     @classmethod
     def failed(cls, invocation_id: str, error: str, duration_s: float = 0.0, billed_ms: int = 0, memory_mb: int = 0) -> "ActorSummary":

@@ -2,9 +2,17 @@
 
 Local worker processes (nitro/actors/local.py) and the Lambda handler (actor_lambda/handler.py)
 both run exactly this. It validates the event, fetches the round's weights from the trajectory
-cache, rolls out with ``nitro.rollout.rollout``, writes the batch under the invocation id and
-returns the small summary. It never raises: any failure becomes ``ActorSummary.failed`` with a
-one-line reason (never a password, never a stack trace).
+cache, and then, by the event's mode:
+
+* ``train``: restores the unfinished episode the event names (``episode_key``, see
+  ``nitro/episodes.py``; an expired snapshot means a fresh episode, reported as
+  ``continued=False``), rolls out with ``nitro.rollout.rollout``, and writes the batch and the
+  snapshot of the episode it leaves unfinished under the invocation id;
+* ``eval_deterministic`` / ``eval_stochastic``: plays whole episodes with ``nitro.rollout.evaluate``
+  and writes nothing;
+
+and returns the small summary. It never raises: any failure becomes ``ActorSummary.failed`` with
+a one-line reason (never a password, never a stack trace).
 
 ``ActorState`` is what survives across warm invocations of one process: Redis clients by URL,
 envs and policies by env id, and the last weights (key and decoded arrays).
@@ -53,7 +61,7 @@ class ActorState:
     secret_resolver: Callable[[str], str] = _secret_arn_not_implemented
     clients: dict[tuple[str, str], Any] = field(default_factory=dict)  # (url, password tag) -> redis.Redis
     envs: dict[str, Any] = field(default_factory=dict)  # env id -> gymnasium env
-    policies: dict[str, Any] = field(default_factory=dict)  # env id -> Policy module
+    policies: dict[str, Any] = field(default_factory=dict)  # env id -> Policy module (of the last architecture)
     weights_key: str | None = None
     weights: dict[str, np.ndarray] | None = None
     weights_meta: dict[str, str] = field(default_factory=dict)
@@ -142,9 +150,12 @@ def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = Non
         except ValidationError as exc:
             return failed(validation_message(exc, "event"), inv)
 
+    cache = None
     try:
         from nitro.cache import TrajectoryCache
-        from nitro.rollout import rollout
+        from nitro.episodes import EpisodeSnapshot
+        from nitro.models import Architecture
+        from nitro.rollout import evaluate, rollout
         from nitro.serialization import dumps_tensors, loads_tensors
 
         password = state.resolve_password(ev.cache_credentials)
@@ -156,10 +167,28 @@ def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = Non
             state.weights_key, state.weights, state.weights_meta = ev.weights_key, arrays, meta
         meta = state.weights_meta
         if meta.get("env_id") not in (None, ev.env_id):
-            return failed(f"weights {ev.weights_key!r} are for env {meta.get('env_id')!r}, the event asks for {ev.env_id!r}", ev.invocation_id)
+            return _kept(cache, ev, failed(f"weights {ev.weights_key!r} are for env {meta.get('env_id')!r}, the event asks for {ev.env_id!r}", ev.invocation_id))
 
-        env, policy = _env_and_policy(state, ev.env_id)
-        result = rollout(state.weights, ev.env_id, ev.seed, ev.n_steps, policy=policy, env=env)
+        env, policy = _env_and_policy(state, ev.env_id, Architecture.from_meta(meta.get("arch")))
+        if ev.mode != "train":
+            played = evaluate(state.weights, ev.env_id, ev.seed, ev.n_episodes, deterministic=ev.mode == "eval_deterministic",
+                              max_steps=ev.n_steps, policy=policy, env=env)
+            duration = time.perf_counter() - start
+            return _kept(cache, ev, ActorSummary(
+                invocation_id=ev.invocation_id, ok=True, steps=played.steps,
+                episode_returns=[float(x) for x in played.episode_returns],
+                episode_lengths=[int(x) for x in played.episode_lengths],
+                duration_s=duration, billed_ms=math.ceil(duration * 1000), memory_mb=mem,
+            ))
+
+        resume = None
+        if ev.episode_key is not None:
+            stored_episode = cache.fetch_episode(ev.episode_key)
+            resume = EpisodeSnapshot.from_bytes(stored_episode) if stored_episode is not None else None
+            if resume is not None and resume.env_id != ev.env_id:
+                return _kept(cache, ev, failed(f"episode {ev.episode_key!r} is of env {resume.env_id!r}, the event asks for {ev.env_id!r}",
+                                               ev.invocation_id))
+        result = rollout(state.weights, ev.env_id, ev.seed, ev.n_steps, resume=resume, policy=policy, env=env)
 
         version = meta.get("version", str(ev.round))
         batch_meta = {
@@ -172,12 +201,14 @@ def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = Non
             "seed": ev.seed,
         }
         payload = dumps_tensors(result.batch, batch_meta)
-        key, stored = cache.put_batch(ev.round, ev.invocation_id, payload)
+        carry = result.carry.to_bytes() if result.carry is not None else None
+        key, stored = cache.put_batch(ev.round, ev.invocation_id, payload, episode=carry)
+        episode_key = cache.episode_key(ev.round, ev.invocation_id) if carry is not None else None
         if not stored:
             log.info("duplicate delivery of %s: batch already stored, not enqueued again", ev.invocation_id)
         summary = result.summary
         duration = time.perf_counter() - start
-        return ActorSummary(
+        return _kept(cache, ev, ActorSummary(
             invocation_id=ev.invocation_id,
             ok=True,
             steps=int(summary.steps),
@@ -188,20 +219,35 @@ def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = Non
             batch_key=key,
             batch_bytes=len(payload),
             memory_mb=mem,
-        )
+            continued=resume is not None,
+            episode_key=episode_key,
+        ))
     except Exception as exc:  # the actor never raises: the invoker gets one line
         log.debug("actor %s failed", ev.invocation_id, exc_info=True)
-        return failed(_error_line(exc), ev.invocation_id)
+        return _kept(cache, ev, failed(_error_line(exc), ev.invocation_id))
 
 
-def _env_and_policy(state: ActorState, env_id: str):
-    """The process's env and policy for ``env_id``, built on first use and reused afterwards.
-    ``rollout`` reseeds the env and reloads the policy's weights, so reuse never changes a result."""
+def _kept(cache, ev: ActorEvent, summary: ActorSummary) -> ActorSummary:
+    """``summary``, after leaving a copy in the cache: if the learner dies before it reads the
+    answer, the resumed run still bills this invocation from it (nitro.engine, in-flight
+    billing). Best effort: the answer itself is what counts, so a failed write is only logged."""
+    if cache is not None:
+        try:
+            cache.put_summary(ev.round, ev.invocation_id, summary.model_dump_json())
+        except Exception as exc:
+            log.debug("actor %s: summary not kept in the cache: %s", ev.invocation_id, _error_line(exc))
+    return summary
+
+
+def _env_and_policy(state: ActorState, env_id: str, arch):
+    """The process's env and policy for ``env_id`` (and the policy's architecture), built on first
+    use and reused afterwards. ``rollout`` reseeds or restores the env and reloads the policy's
+    weights, so reuse never changes a result."""
     from nitro.envs import env_spec, make_env
     from nitro.models import build_policy
 
     if env_id not in state.envs:
         state.envs[env_id] = make_env(env_id)
-    if env_id not in state.policies:
-        state.policies[env_id] = build_policy(env_spec(env_id))
+    if env_id not in state.policies or state.policies[env_id].arch != arch:
+        state.policies[env_id] = build_policy(env_spec(env_id), arch=arch)
     return state.envs[env_id], state.policies[env_id]

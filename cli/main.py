@@ -2,13 +2,14 @@
 
     nitro train [-c config.yaml] [key=value ...] [--run-id ID]   train (a Prefect flow run)
     nitro resume RUN_ID [--home DIR]                             continue a failed run
+    nitro runs [--home DIR]                                      the runs under a home, with resume commands
     nitro compare [--experiment NAME] [--tag key=value ...]      table of runs from MLflow
     nitro config [-c config.yaml] [key=value ...]                print the validated config
     nitro profile-actor [-c config.yaml] --memory 512,1024,...   pick the cheapest actor memory
     nitro deploy-lambda [...]                                    create/update the Lambda actor
 
-Runs go through Prefect: with no ``PREFECT_API_URL`` set, Prefect starts a temporary local API
-server on SQLite for the duration of the command.
+Runs go through Prefect: with no ``PREFECT_API_URL`` set, the command starts a temporary local API
+server on SQLite for its own duration, which dies with it (``cli/session.py``).
 """
 
 from __future__ import annotations
@@ -21,22 +22,28 @@ from pathlib import Path
 
 
 def _prefect_defaults() -> None:
-    # The ephemeral API server takes 15-20 s to start on small machines (NOTES.md).
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # One line per round from Nitro; Prefect's per-task state lines stay in the UI.
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("MUJOCO_GL", "disable")
-    # The server records task runs one per SQLite transaction by default; each round's subflow
-    # start then waited ~2 s behind the last round's writes. Batching cut it to ~0.2 s
-    # (bench/orchestration_overhead.py).
-    os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE", "100")
-    os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE", "100")
+    from flows.settings import apply_prefect_defaults
+
+    apply_prefect_defaults()
+
+
+_CONSOLE = None  # rich's Console on stderr, shared by the log handler and the progress bar (a TTY only)
 
 
 def _setup_logging() -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    global _CONSOLE
+    if sys.stderr.isatty():
+        # In a terminal, log lines go through the progress bar's console: rich prints them above the
+        # live bar instead of gluing them to it or leaving stale bars behind.
+        from rich.console import Console
+        from rich.logging import RichHandler
+
+        _CONSOLE = Console(stderr=True)
+        handler: logging.Handler = RichHandler(console=_CONSOLE, show_level=False, show_path=False,
+                                               log_time_format="%H:%M:%S", markup=False)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
     logger = logging.getLogger("nitro")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -52,12 +59,19 @@ def _run_flow(config_path: str | None, overrides: list[str], run_id: str | None)
     from nitro.config import NitroConfig
     from nitro.runtime import ROUND_OBSERVERS
 
+    from cli.session import announce, new_run_id, run_command
+    from nitro.checkpoint import latest_round
+    from nitro.tracking import default_tracking_uri
+
     config = NitroConfig.from_yaml(config_path, overrides)  # fail fast, before Prefect starts
-    with Progress(TextColumn("[bold]nitro[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("rounds"),
-                  TimeElapsedColumn(), transient=False, disable=not sys.stderr.isatty()) as progress:
+    run_id = run_id or new_run_id()
+    announce(config, run_id, latest_round(config.home, run_id) is not None, default_tracking_uri(config))
+    with Progress(TextColumn("[bold]nitro[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("rounds done"),
+                  TimeElapsedColumn(), console=_CONSOLE, transient=True, disable=_CONSOLE is None) as progress:
         bar = progress.add_task("rounds", total=config.rounds)
         ROUND_OBSERVERS.append(lambda _run, report: progress.update(bar, completed=report.round + 1))
-        return asyncio.run(train(config_path=config_path, overrides=overrides, run_id=run_id))
+        return run_command(config, run_id, lambda: asyncio.run(
+            train(config_path=config_path or "", overrides=overrides, run_id=run_id)))
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -77,11 +91,21 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runs(args: argparse.Namespace) -> int:
+    from nitro.runs import format_runs, list_runs
+
+    print(format_runs(list_runs(args.home)))
+    return 0
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from nitro.compare import compare_runs, format_table
-    from nitro.tracking import default_tracking_uri
+    from nitro.tracking import TrackingError, default_tracking_uri
 
-    tags = dict(t.split("=", 1) for t in args.tag)
+    tags = dict(t.split("=", 1) for t in args.tag if "=" in t)
+    bad = [t for t in args.tag if "=" not in t]
+    if bad:
+        raise TrackingError(f"--tag wants key=value, got {bad[0]!r}")
     rows = compare_runs(args.tracking_uri or default_tracking_uri(), args.experiment, tags)
     print(format_table(rows))
     return 0
@@ -122,14 +146,18 @@ def cmd_profile_actor(args: argparse.Namespace) -> int:
 
 
 def _print_result(result: dict) -> None:
-    ret = result.get("final_return_mean")
+    ret, at = result.get("final_eval_return"), result.get("final_eval_round")
+    score = "not evaluated" if ret is None else f"{ret:.1f} (evaluation in round {at}: whole episodes, mean action)"
     print(f"run {result['run_id']}: {result['rounds_done']} rounds, stopped by {result['stop_reason']}, "
-          f"final mean return {ret if ret is None else round(ret, 1)}, spend ${result['spend_usd']:.4f}")
-    print(f"  MLflow run: {result['mlflow_run_id']}   checkpoints: {result['checkpoints']}")
+          f"final return {score}, spend ${result['spend_usd']:.4f}")
+    print(f"  MLflow:  {result.get('mlflow_url') or result['mlflow_run_id']}")
+    if result.get("prefect_url"):
+        print(f"  Prefect: {result['prefect_url']}")
+    print(f"  checkpoints: {result['checkpoints']}")
 
 
 def _cmd_experiment(args: argparse.Namespace) -> int:
-    from nitro.experiment import cmd_experiment
+    from cli.experiment import cmd_experiment
 
     return cmd_experiment(args)
 
@@ -140,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train an agent (one Prefect flow run)")
     p.add_argument("-c", "--config", help="YAML config file")
-    p.add_argument("--run-id", help="name the run (default: derived from the Prefect flow-run id)")
+    p.add_argument("--run-id", help="name the run (default: run-<12 random hex digits>, printed at the start)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. rounds=5 ppo.lr=1e-4 scaler.name=fixed")
     p.set_defaults(func=cmd_train)
 
@@ -149,10 +177,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", default=".nitro", type=Path, help="the run's home directory (config `home`)")
     p.set_defaults(func=cmd_resume)
 
-    p = sub.add_parser("compare", help="table of runs from MLflow")
-    p.add_argument("--experiment", default=None)
-    p.add_argument("--tag", action="append", default=[], metavar="key=value")
-    p.add_argument("--tracking-uri", default=None)
+    p = sub.add_parser("runs", help="list the runs under a home: status, rounds, return, spend, resume command")
+    p.add_argument("--home", default=".nitro", type=Path, help="the runs' home directory (config `home`)")
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("compare", help="table of runs from MLflow",
+                       description="One row per Nitro run in MLflow: env, algo, scaler, seed, rounds done, "
+                                   "final evaluation return, spend, status.")
+    p.add_argument("--experiment", default=None, metavar="NAME",
+                   help="only this MLflow experiment (config tracking.experiment; default: all experiments)")
+    p.add_argument("--tag", action="append", default=[], metavar="key=value",
+                   help="only runs with this tag value, e.g. scaler=nitro or env=Hopper-v5; "
+                        "repeat to AND several (params.x=... filters on a param)")
+    p.add_argument("--tracking-uri", default=None, metavar="URI",
+                   help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///.nitro/mlflow.db)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("experiment", help="run an experiment spec (matrix of training runs) and write its report")
@@ -180,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from cli.session import CommandFailed, print_failure, quiet_prefect_console
+
+    quiet_prefect_console()
     _prefect_defaults()
     _setup_logging()
     argv = sys.argv[1:] if argv is None else argv
@@ -191,12 +232,15 @@ def main(argv: list[str] | None = None) -> int:
     from nitro.cache import CacheError
     from nitro.checkpoint import CheckpointError
     from nitro.config import ConfigError
+    from nitro.tracking import TrackingError
 
     try:
         return args.func(args)
-    except (ConfigError, CheckpointError, CacheError) as exc:
+    except (ConfigError, CheckpointError, CacheError, TrackingError) as exc:
         print(f"nitro: error: {exc}", file=sys.stderr)
         return 2
+    except CommandFailed as exc:
+        return print_failure(exc)
     except KeyboardInterrupt:
         print("nitro: interrupted; resume with `nitro resume <run id>`", file=sys.stderr)
         return 130

@@ -1,4 +1,4 @@
-"""Actor functions for the local-pool tests, run inside worker processes (``actor_fn="_actor_helpers:..."``).
+"""Actor functions for the local-pool tests, run inside worker processes (``actor_fn="tests.support.actor_helpers:..."``).
 
 ``scripted`` behaves by the event's seed: 1 segfaults, 2 exits with os._exit(3), 3 hangs, 4 raises,
 anything else answers at once. A successful summary carries the worker pid in ``batch_key``.

@@ -1,5 +1,7 @@
 """IMPACT (Luo et al., ICLR 2020) for Nitro's learner: V-trace, the target-network surrogate, a
-circular replay buffer, and ``ImpactLearner`` (the same interface as ``nitro.ppo.PPOLearner``).
+circular replay buffer, and ``ImpactLearner`` (a ``nitro.learners.OffPolicyLearner``). What it
+shares with PPO (the exact KL penalty, the entropy bonus, the adaptive KL rule, forward passes,
+reward scale, minibatches, checkpoint helpers) lives in ``nitro.learners.common``.
 
 Read top to bottom. The pieces, and the choices behind them:
 
@@ -11,7 +13,7 @@ Read top to bottom. The pieces, and the choices behind them:
       v_s     = V(x_s) + sum_{t=s}^{e(s)} gamma^{t-s} (prod_{i=s}^{t-1} c_i) delta_t
 
   where ``e(s)`` is the end of the episode that contains s. The successor value of every step is
-  given explicitly (``next_values``), with the conventions of ``nitro.ppo.compute_gae``: 0 after a
+  given explicitly (``next_values``), with the conventions of ``common.values_and_successors``: 0 after a
   termination, the critic's value of ``bootstrap_obs`` at a time-limit truncation or at the end of
   the rollout, ``V(obs[t+1])`` otherwise. The chain is cut at every episode end.
   Policy-gradient advantage: ``q_s = r_s + gamma v_{s+1}`` (``v_{s+1}``: the successor's V-trace
@@ -28,11 +30,12 @@ Read top to bottom. The pieces, and the choices behind them:
   gradient is exactly the V-trace policy gradient ``rho_s grad log pi (q_s - V(x_s))``, because
   ``A = q_s - V(x_s)`` is passed UNWEIGHTED (the learner's ``advantages``) and w equals rho_s.
 * ``vtrace_value_loss``: mean (V(x_s) - v_s)^2 against the V-trace targets, no 0.5 factor (the
-  convention of ``nitro.ppo.value_loss``, which vf_coef = 1.0 assumes).
-* The KL penalty is ``nitro.ppo.kl_penalty(target, current)`` (exact KL(pi_target || pi_theta)),
-  with RLlib's adaptive coefficient (``nitro.ppo.adapt_kl_coef``, target ``kl_target``); the entropy
-  bonus is ``nitro.ppo.entropy_bonus``. ``impact_loss`` combines them:
-  total = surrogate + kl_coef * KL + vf_coef * VF - entropy_coef * H.
+  convention of ``nitro.learners.ppo.value_loss``, which vf_coef = 1.0 assumes).
+* ``impact_policy_loss``: THE policy objective: impact_surrogate + kl_coef * KL(pi_target ||
+  pi_theta) - entropy_coef * H (``common.penalised_policy_loss``: exact KL, entropy term only when
+  its coefficient is > 0), with RLlib's adaptive coefficient (``common.adapt_kl_coef``, target
+  ``kl_target``). Training, the gradient-noise-scale estimate and the detector's ``objective``
+  all call it. ``impact_loss`` = ``impact_policy_loss`` + vf_coef * VF.
 
 ``ReplayBuffer`` is the paper's circular buffer: each stored batch is trained on at most K times
 (``replay_max_reuse``), counting the update in which it arrived, then evicted; batches are handed
@@ -63,9 +66,7 @@ discounted returns into the reward statistics (replayed batches were merged when
 ``replay_update()``: the same on replayed batches only (paper §4: the learner replays old
 trajectories while the cache is empty); None when no batch has a use left.
 
-Optional settings, read from ``ImpactConfig`` when it has them (defaults in ``_DEFAULTS``):
-``epochs``, ``replay_ratio``, ``vtrace_lambda``, ``normalize_rewards``, ``grad_noise_scale``,
-``replay_checkpoint_max_bytes``.
+Every setting is an ``ImpactConfig`` field (``nitro/config.py`` documents each one).
 
 Checkpoints (``state_dict``): policy, critic, target network, Adam state, KL coefficient, reward
 statistics, update counters, seed, and the replay buffer's bookkeeping (arrival numbers, use
@@ -80,11 +81,12 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -93,45 +95,14 @@ from torch.distributions import Distribution
 
 from nitro.config import ImpactConfig
 from nitro.envs import EnvSpec
-from nitro.models import Critic, Policy, build_critic, build_policy
-from nitro.ppo import (
-    _FORWARD_CHUNK,
-    RunningMeanStd,
-    _forward_dist_params,
-    _forward_values,
-    _maybe_json,
-    _normalise,
-    _np64,
-    _np_bool,
-    adapt_kl_coef,
-    dist_from_params,
-    entropy_bonus,
-    explained_variance,
-    kl_penalty,
-    gradient_noise_scale,
-    load_optimizer,
-    merge_round_statistics,
-    optimizer_tensors,
-    minibatch_indices,
-    successor_layout,
-    training_rewards,
-)
+from nitro.learners import common
+from nitro.learners.common import ActorCriticLearner, ArrayLike, Tensors
+from nitro.models import Critic, Policy
+from nitro.validation import BatchError, check_batch
 
-ArrayLike = np.ndarray | torch.Tensor
-
-# Settings that ImpactConfig may not (yet) have; read with getattr(cfg, name, default).
-_DEFAULTS: dict[str, Any] = {
-    "epochs": 2,  # SGD passes over one update's samples (new + replayed)
-    "replay_ratio": 1.0,  # replayed batches per new batch in update()
-    "vtrace_lambda": 1.0,  # Espeholt's lambda in c_i = lambda * min(c_bar, pi/mu); 1 = the paper
-    "normalize_rewards": True,  # rewards / std of discounted returns, as PPOLearner
-    "grad_noise_scale": True,  # B_simple for the kungfu scaler: one extra policy backward per minibatch
-    "replay_checkpoint_max_bytes": 64 * 1024 * 1024,
-}
-
-
-def _setting(cfg: Any, name: str) -> Any:
-    return getattr(cfg, name, _DEFAULTS[name])
+log = logging.getLogger("nitro")
+if TYPE_CHECKING:  # annotations only: nitro.learners re-exports this module's learner
+    from nitro.learners import Batch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,8 +135,8 @@ def vtrace_returns(
     bootstrap point): the trace is cut after t. The last step is always a cut. Works on numpy
     arrays or torch tensors; computed in float64, returned in the input's kind."""
     as_torch = isinstance(rewards, torch.Tensor)
-    mu, pi, r, v, nv = (_np64(x) for x in (behaviour_logp, target_logp, rewards, values, next_values))
-    term, end = _np_bool(terminated), _np_bool(episode_end).copy()
+    mu, pi, r, v, nv = (common.as_float64(x) for x in (behaviour_logp, target_logp, rewards, values, next_values))
+    term, end = common.as_bool(terminated), common.as_bool(episode_end).copy()
     T = len(r)
     if not all(len(x) == T for x in (mu, pi, v, nv, term, end)):
         raise ValueError("vtrace: all inputs must have the same length")
@@ -197,22 +168,9 @@ def vtrace_returns(
     return VTraceReturns(vs, q, rho, pg)
 
 
-def vtrace(
-    behaviour_logp: ArrayLike,
-    target_logp: ArrayLike,
-    rewards: ArrayLike,
-    values: ArrayLike,
-    next_values: ArrayLike,
-    terminated: ArrayLike,
-    episode_end: ArrayLike,
-    gamma: float,
-    rho_bar: float = 1.0,
-    c_bar: float = 1.0,
-    lam: float = 1.0,
-) -> tuple[ArrayLike, ArrayLike]:
-    """(vs, pg_advantages) of ``vtrace_returns``; Espeholt et al.'s two outputs."""
-    out = vtrace_returns(behaviour_logp, target_logp, rewards, values, next_values, terminated, episode_end,
-                         gamma, rho_bar, c_bar, lam)
+def vtrace(*args: Any, **kwargs: Any) -> tuple[ArrayLike, ArrayLike]:
+    """(vs, pg_advantages) of ``vtrace_returns`` (same arguments); Espeholt et al.'s two outputs."""
+    out = vtrace_returns(*args, **kwargs)
     return out.vs, out.pg_advantages
 
 
@@ -241,8 +199,54 @@ def impact_surrogate(
 
 
 def vtrace_value_loss(values: torch.Tensor, vs: torch.Tensor) -> torch.Tensor:
-    """mean((V(x_s) - v_s)^2): regression on the V-trace targets (no 0.5, as nitro.ppo.value_loss)."""
+    """mean((V(x_s) - v_s)^2): regression on the V-trace targets (no 0.5, as ``ppo.value_loss``)."""
     return ((values - vs.detach()) ** 2).mean()
+
+
+def impact_policy_loss(
+    new_dist: Distribution,
+    target_dist: Distribution,
+    actions: torch.Tensor,
+    logp_target: torch.Tensor,
+    logp_behaviour: torch.Tensor,
+    adv: torch.Tensor,
+    *,
+    clip: float,
+    rho_bar: float,
+    kl_coef: float,
+    entropy_coef: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The policy objective, as a loss: impact_surrogate + kl_coef * KL(target || new)
+    - entropy_coef * H (the H term only when entropy_coef > 0). Returns (loss, detached terms)."""
+    logp_new = new_dist.log_prob(actions)
+    surrogate = impact_surrogate(logp_new, logp_target, logp_behaviour, adv, clip, rho_bar)
+    loss, terms = common.penalised_policy_loss(surrogate, new_dist, target_dist, kl_coef=kl_coef, entropy_coef=entropy_coef)
+    return loss, {**terms, "clip_frac": common.clip_fraction(logp_new - logp_target, clip)}
+
+
+def policy_inputs(
+    data: Tensors, idx: torch.Tensor
+) -> tuple[Distribution, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(target_dist, actions, logp_target, logp_behaviour, adv) of ``impact_policy_loss`` for rows
+    ``idx`` of a prepared batch; the advantages are normalised over those rows."""
+    return (common.anchor_distribution(data, idx), data["actions"][idx], data["target_logp"][idx], data["logp"][idx],
+            common.normalise_advantages(data["advantages"][idx]))
+
+
+def impact_objective(
+    policy: Policy, data: Tensors, indices: ArrayLike, *, clip: float, rho_bar: float, kl_coef: float,
+    entropy_coef: float,
+) -> Callable[[], torch.Tensor]:
+    """``impact_policy_loss`` on rows ``indices`` of a prepared batch as a closure, a
+    differentiable function of the policy's parameters (``common.policy_objective``: features
+    once, no grad). The gradient noise scale and the boosting detector both differentiate it."""
+    idx = common.as_indices(indices, data["obs"].device)
+    inputs = policy_inputs(data, idx)
+    return common.policy_objective(
+        policy, data["obs"][idx],
+        lambda dist: impact_policy_loss(dist, *inputs, clip=clip, rho_bar=rho_bar, kl_coef=kl_coef,
+                                        entropy_coef=entropy_coef)[0],
+    )
 
 
 def impact_loss(
@@ -261,24 +265,11 @@ def impact_loss(
     vf_coef: float,
     entropy_coef: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """total = impact_surrogate + kl_coef * KL(target || new) + vf_coef * VF - entropy_coef * H.
-    Returns (total, detached terms for logging)."""
-    logp_new = new_dist.log_prob(actions)
-    surrogate = impact_surrogate(logp_new, logp_target, logp_behaviour, adv, clip, rho_bar)
-    kl = kl_penalty(target_dist, new_dist)
+    """total = impact_policy_loss + vf_coef * VF. Returns (total, detached terms for logging)."""
+    policy_loss, terms = impact_policy_loss(new_dist, target_dist, actions, logp_target, logp_behaviour, adv,
+                                            clip=clip, rho_bar=rho_bar, kl_coef=kl_coef, entropy_coef=entropy_coef)
     vf = vtrace_value_loss(values, vs)
-    entropy = entropy_bonus(new_dist)
-    total = surrogate + kl_coef * kl + vf_coef * vf - entropy_coef * entropy
-    with torch.no_grad():
-        clip_frac = ((torch.exp(logp_new - logp_target) - 1.0).abs() > clip).float().mean()
-    terms = {
-        "policy_loss": surrogate.detach(),
-        "kl": kl.detach(),
-        "vf_loss": vf.detach(),
-        "entropy": entropy.detach(),
-        "clip_frac": clip_frac,
-    }
-    return total, terms
+    return policy_loss + vf_coef * vf, {**terms, "vf_loss": vf.detach()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,12 +294,17 @@ class ReplayBuffer:
     * ``take(n)``: up to n distinct batches, round-robin in arrival order starting after the last
       batch handed out; each gets one use, and a batch reaching K uses is evicted
       (``n_exhausted``). Returns [] when the buffer is empty.
+    * ``admits(batch)``: whether ``check`` (``nitro.validation.check_batch`` for the learner's env)
+      accepts it; a batch that fails is never stored nor restored (``n_rejected``), so a bad batch
+      cannot come back through replay.
     """
 
-    def __init__(self, capacity: int, max_reuse: int):
+    def __init__(self, capacity: int, max_reuse: int, check: Callable[[Mapping[str, np.ndarray]], None] | None = None):
         if capacity < 1 or max_reuse < 1:
             raise ValueError("ReplayBuffer: capacity and max_reuse must be >= 1")
         self.capacity, self.max_reuse = int(capacity), int(max_reuse)
+        self.check = check
+        self.n_rejected = 0
         self._entries: list[_Entry] = []  # in arrival order
         self._next_seq = 0
         self._cursor = -1  # arrival number of the last batch handed out
@@ -325,7 +321,21 @@ class ReplayBuffer:
         """(arrival number, uses) of every stored batch, oldest first."""
         return [(e.seq, e.uses) for e in self._entries]
 
+    def admits(self, batch: Mapping[str, np.ndarray]) -> bool:
+        if self.check is None:
+            return True
+        try:
+            self.check(batch)
+        except BatchError as exc:
+            self.n_rejected += 1
+            log.warning("replay buffer: rejected a batch: %s", exc)
+            return False
+        return True
+
     def add(self, batch: dict[str, np.ndarray], uses: int = 0) -> int:
+        """Store ``batch``; returns its arrival number, or -1 when ``check`` rejects it."""
+        if not self.admits(batch):
+            return -1
         seq = self._next_seq
         self._next_seq += 1
         self.n_added += 1
@@ -373,7 +383,7 @@ class ReplayBuffer:
             setattr(self, k, int(book[k]))
         self._entries, lost = [], 0
         for seq, uses in book["entries"]:
-            if batches is not None and int(seq) in batches:
+            if batches is not None and int(seq) in batches and self.admits(batches[int(seq)]):
                 self._entries.append(_Entry(int(seq), int(uses), batches[int(seq)]))
             else:
                 lost += self.max_reuse - int(uses)
@@ -388,7 +398,7 @@ class ReplayBuffer:
 
 
 def prepare_impact_batches(
-    batches: Sequence[dict[str, np.ndarray]],
+    batches: Sequence[Batch],
     policy: Policy,
     target: Policy,
     critic: Critic,
@@ -401,7 +411,7 @@ def prepare_impact_batches(
     """Concatenate actor batches into training tensors with V-trace targets.
 
     Each batch is its own sequence (V-trace never runs across two batches). Values and successor
-    values come from ``critic(policy.features(.))`` (the current critic and normaliser); rho and c
+    values (``common.values_and_successors``) come from ``critic(policy.features(.))`` (the current critic and normaliser); rho and c
     from the target policy against the behaviour log-probabilities. Keys: obs, actions, logp
     (behaviour mu), rewards (as trained on), values, vs, advantages (q - V, UNweighted: the
     surrogate applies the truncated weight), pg_advantages (rho * (q - V)), rho, target_logp, and
@@ -414,26 +424,16 @@ def prepare_impact_batches(
     cols: dict[str, list[Any]] = {k: [] for k in keys}
     old_parts: list[dict[str, torch.Tensor]] = []
     for batch in batches:
-        T = len(batch["rewards"])
-        if T == 0:
+        if len(batch["rewards"]) == 0:
             continue
         obs = torch.as_tensor(batch["obs"], device=device)
         actions = torch.as_tensor(batch["actions"], device=device)
-        episode_end, _ = successor_layout(T, batch["terminated"], batch["bootstrap_idx"])
-        values = _forward_values(policy, critic, obs).double().cpu().numpy()
-        next_values = np.zeros(T, dtype=np.float64)
-        next_values[:-1] = values[1:]
-        boot_idx = np.asarray(batch["bootstrap_idx"], dtype=np.int64)
-        if boot_idx.size:
-            boot_obs = torch.as_tensor(batch["bootstrap_obs"], device=device)
-            next_values[boot_idx] = _forward_values(policy, critic, boot_obs).double().cpu().numpy()
-        terminated = np.asarray(batch["terminated"], dtype=bool)
-        next_values[terminated] = 0.0
-        old = _forward_dist_params(target, obs)
+        values, next_values, terminated, episode_end = common.values_and_successors(batch, obs, policy, critic)
+        old = common.forward_dist_params(target, obs)
         with torch.no_grad():
-            target_logp = dist_from_params(old).log_prob(actions).float()
+            target_logp = common.dist_from_params(old).log_prob(actions).float()
         logp = torch.as_tensor(batch["logp"], dtype=torch.float32, device=device)
-        rewards = training_rewards(batch["rewards"], is_atari, reward_scale)
+        rewards = common.training_rewards(batch["rewards"], is_atari, reward_scale)
         vt = vtrace_returns(logp.cpu().numpy(), target_logp.cpu().numpy(), rewards, values, next_values,
                             terminated, episode_end, gamma, rho_bar, c_bar, lam)
         cols["obs"].append(obs)
@@ -456,65 +456,53 @@ def prepare_impact_batches(
 # ---------------------------------------------------------------------------------------------
 
 
-class ImpactLearner:
-    """The IMPACT learner: policy, frozen target policy, critic, one Adam, adaptive KL coefficient,
-    reward scale and the replay buffer. Same interface as ``PPOLearner``."""
+class ImpactLearner(ActorCriticLearner):
+    """The IMPACT learner: policy, critic, one Adam, adaptive KL coefficient and reward scale
+    (``common.ActorCriticLearner``), plus the frozen target policy and the replay buffer. A
+    ``nitro.learners.OffPolicyLearner``."""
 
-    def __init__(self, spec: EnvSpec, cfg: ImpactConfig, seed: int, device: str | torch.device = "cpu"):
-        self.spec, self.cfg, self.seed = spec, cfg, int(seed)
-        self.device = torch.device(device)
-        self.policy: Policy = build_policy(spec, seed).to(self.device)
-        self.critic: Critic = build_critic(spec, seed).to(self.device)
+    cfg: ImpactConfig
+
+    def __init__(self, spec: EnvSpec, cfg: ImpactConfig, seed: int, device: str | torch.device = "cpu", **kwargs: Any):
+        super().__init__(spec, cfg, seed, device, **kwargs)
         self.target: Policy = copy.deepcopy(self.policy)
         self.target.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(
-            [*self.policy_parameters(), *self.critic.parameters()], lr=cfg.lr, eps=1e-5  # eps as PPOLearner
-        )
-        self.kl_coef: float = float(cfg.kl_coef)
-        self.reward_stats = RunningMeanStd()
-        self.replay = ReplayBuffer(cfg.replay_capacity, cfg.replay_max_reuse)
-        self.n_updates = 0  # update() and replay_update() calls that trained
-        self.n_target_updates = 0
+        self.replay = ReplayBuffer(cfg.replay_capacity, cfg.replay_max_reuse, check=self._check_batch)
+        self.n_target_updates = 0  # (n_updates counts update() and replay_update() calls that trained)
         self.last_n_new_batches = 0
         self.replay_dropped_on_load = 0
         self._target_refreshed = False
-        self.last_batch: dict[str, torch.Tensor] | None = None
 
-    # -- what other modules read ----------------------------------------------------------------
+    def _check_batch(self, batch: Mapping[str, np.ndarray]) -> None:
+        check_batch(batch, self.spec)
 
-    def policy_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.policy.parameters() if p.requires_grad]
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        """policy.state_dict() (normaliser included), detached copies on the CPU, for publishing."""
-        return {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}
-
-    @property
-    def reward_scale(self) -> float:
-        if not _setting(self.cfg, "normalize_rewards"):
-            return 1.0
-        return 1.0 / math.sqrt(self.reward_stats.var + 1e-8)
-
-    def prepare(self, batches: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+    def prepare(self, batches: Sequence[Batch]) -> dict[str, torch.Tensor]:
         """``prepare_impact_batches`` with this learner's networks (current target) and settings."""
         cfg = self.cfg
         return prepare_impact_batches(batches, self.policy, self.target, self.critic, cfg.gamma, self.reward_scale,
-                                      cfg.rho_bar, cfg.c_bar, _setting(cfg, "vtrace_lambda"))
+                                      cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda)
+
+    def _coefs(self) -> dict[str, float]:
+        """``impact_policy_loss``'s coefficients, with the KL coefficient now in force."""
+        cfg = self.cfg
+        return {"clip": cfg.clip, "rho_bar": cfg.rho_bar, "kl_coef": self.kl_coef, "entropy_coef": cfg.entropy_coef}
 
     # -- the update -----------------------------------------------------------------------------
 
-    def update(self, batches: Sequence[dict[str, np.ndarray]]) -> dict[str, float]:
+    def update(self, batches: Sequence[Batch]) -> dict[str, float]:
         """Train on new batches plus replayed ones (see the module docstring); returns metrics."""
         start = time.perf_counter()
-        new = [b for b in batches if len(b["rewards"])]
+        new = [b for b in batches if len(b["rewards"]) and self.replay.admits(b)]
         if not new:
-            raise ValueError("ImpactLearner.update needs at least one non-empty batch")
+            raise ValueError("ImpactLearner.update needs at least one non-empty, valid batch")
         self._maybe_refresh_target()
-        n_replay = math.ceil(float(_setting(self.cfg, "replay_ratio")) * len(new))
+        n_replay = math.ceil(float(self.cfg.replay_ratio) * len(new))
         replayed = self.replay.take(n_replay)  # before adding: a new batch is never replayed in its own update
         for b in new:
             self.replay.add(b, uses=1)
         metrics = self._train(new, replayed)
+        # Unlike PPO (whose clipping tolerates stale ratios), statistics are merged after training,
+        # so that V-trace's weights compare the target policy with exactly the behaviour policy.
         self._merge_statistics(new)
         self.last_n_new_batches = len(new)
         metrics["seconds"] = time.perf_counter() - start
@@ -544,24 +532,7 @@ class ImpactLearner:
         else:
             self._target_refreshed = False
 
-    def _minibatches(self, n: int, rng: np.random.Generator) -> list[torch.Tensor]:
-        return minibatch_indices(n, self.cfg.minibatch_size, rng, self.device)
-
-    def _policy_loss(self, data: dict[str, torch.Tensor], idx: torch.Tensor) -> torch.Tensor:
-        """Policy-only part of impact_loss on a minibatch."""
-        dist = self.policy.distribution(data["obs"][idx])
-        old = dist_from_params({k: v[idx] for k, v in data.items() if k.startswith("old_")})
-        adv = _normalise(data["advantages"][idx])
-        surrogate = impact_surrogate(dist.log_prob(data["actions"][idx]), data["target_logp"][idx], data["logp"][idx],
-                                     adv, self.cfg.clip, self.cfg.rho_bar)
-        return surrogate + self.kl_coef * kl_penalty(old, dist) - self.cfg.entropy_coef * entropy_bonus(dist)
-
-    def _grad_noise_scale(self, data: dict[str, torch.Tensor], minibatches: list[torch.Tensor]) -> dict[str, float]:
-        if not _setting(self.cfg, "grad_noise_scale"):
-            minibatches = minibatches[:1]  # fewer than two: reported as NaN
-        return gradient_noise_scale(lambda idx: self._policy_loss(data, idx), self.policy_parameters(), minibatches)
-
-    def _train(self, new: list[dict[str, np.ndarray]], replayed: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    def _train(self, new: list[Batch], replayed: list[Batch]) -> dict[str, float]:
         cfg = self.cfg
         self.policy.train()
         self.critic.train()
@@ -571,58 +542,20 @@ class ImpactLearner:
         is_new = torch.zeros(n, dtype=torch.bool, device=self.device)
         is_new[:n_new] = True
         data["is_new"] = is_new
-        self.last_batch = data  # the boosting detector differentiates the surrogate on it
-        rng = np.random.default_rng([self.seed, self.n_updates])  # reproducible from (seed, update count)
 
-        first_epoch = self._minibatches(n, rng)
-        metrics = self._grad_noise_scale(data, first_epoch)
-        sums: dict[str, float] = {}
-        n_steps = 0
-        for epoch in range(int(_setting(cfg, "epochs"))):
-            for idx in first_epoch if epoch == 0 else self._minibatches(n, rng):
-                feats = self.policy.features(data["obs"][idx])
-                dist = self.policy.distribution_from_features(feats)
-                target = dist_from_params({k: v[idx] for k, v in data.items() if k.startswith("old_")})
-                total, terms = impact_loss(
-                    dist, target, data["actions"][idx], data["target_logp"][idx], data["logp"][idx],
-                    _normalise(data["advantages"][idx]), self.critic(feats), data["vs"][idx],
-                    clip=cfg.clip, rho_bar=cfg.rho_bar, kl_coef=self.kl_coef, vf_coef=cfg.vf_coef,
-                    entropy_coef=cfg.entropy_coef,
-                )
-                self.optimizer.zero_grad(set_to_none=True)
-                total.backward()
-                nn.utils.clip_grad_norm_(self.policy_parameters(), cfg.max_grad_norm)
-                nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
-                self.optimizer.step()
-                for k, v in terms.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-                sums["loss"] = sums.get("loss", 0.0) + float(total.detach())
-                n_steps += 1
+        def total_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            feats = self.policy.features(data["obs"][idx])  # shared by the policy and the critic
+            dist = self.policy.distribution_from_features(feats)
+            return impact_loss(dist, *policy_inputs(data, idx), self.critic(feats), data["vs"][idx],
+                               vf_coef=cfg.vf_coef, **self._coefs())
 
-        with torch.no_grad():  # KL(target || final policy) over the whole batch: drives the adaptive coefficient
-            kl_final = float(
-                sum(
-                    kl_penalty(
-                        dist_from_params({k: v[i] for k, v in data.items() if k.startswith("old_")}),
-                        self.policy.distribution(data["obs"][i]),
-                    ) * len(i)
-                    for i in torch.split(torch.arange(n, device=self.device), _FORWARD_CHUNK)
-                )
-                / n
-            )
-        kl_coef_used = self.kl_coef
-        self.kl_coef = adapt_kl_coef(self.kl_coef, kl_final, cfg.kl_target)
-        self.optimizer.zero_grad(set_to_none=True)  # no .grad left behind for the detector's autograd
-        self.n_updates += 1
-
+        metrics, n_steps = self._optimise(
+            data, lambda idx: impact_objective(self.policy, data, idx, **self._coefs())(), total_loss,
+            epochs=cfg.epochs,
+        )
         drift = (data["logp"] - data["target_logp"]).abs()
-        metrics.update({k: v / max(n_steps, 1) for k, v in sums.items()})
         metrics.update({
-            "kl": kl_final,
-            "kl_minibatch_mean": sums.get("kl", 0.0) / max(n_steps, 1),
-            "kl_coef_used": kl_coef_used,
-            "kl_coef": self.kl_coef,
-            "explained_variance": explained_variance(data["values"], data["vs"]),
+            "explained_variance": common.explained_variance(data["values"], data["vs"]),
             "logp_drift": float(drift[:n_new].mean()) if n_new else float("nan"),  # mu vs target on new data
             "logp_drift_replay": float(drift[n_new:].mean()) if n > n_new else float("nan"),
             "is_weight_mean": float(data["rho"].mean()),
@@ -640,73 +573,40 @@ class ImpactLearner:
         })
         return metrics
 
-    def _merge_statistics(self, batches: Sequence[dict[str, np.ndarray]]) -> None:
-        """After the update, NEW batches only: raw observations into the policy's normaliser,
-        discounted raw returns (sign-clipped on Atari) into the reward-scale statistics."""
-        stats = self.reward_stats if _setting(self.cfg, "normalize_rewards") else None
-        merge_round_statistics(self.policy, stats, batches, self.spec.is_atari, self.cfg.gamma)
-
     # -- for the boosting detector --------------------------------------------------------------
 
-    def surrogate_closure(self, batch_tensors: dict[str, torch.Tensor], indices: ArrayLike) -> Callable[[], torch.Tensor]:
-        """A closure giving the policy-only IMPACT LOSS on ``indices`` of ``batch_tensors`` (from
-        ``prepare`` / ``last_batch``) as a differentiable function of ``policy_parameters()``:
+    def objective(self, indices: ArrayLike) -> Callable[[], torch.Tensor]:
+        """``impact_objective`` on ``indices`` of the last update's batch (new + replayed):
         impact_surrogate (ratio against the target policy stored as ``old_*``/``target_logp``,
         truncated weight against the behaviour ``logp``) + kl_coef * KL(target || current) -
-        entropy_coef * H. Advantages are normalised over the subset; kl_coef is the one in force
-        when the closure is made. Features are computed once (the normaliser has no parameters)."""
-        idx = torch.as_tensor(np.asarray(indices), dtype=torch.long, device=self.device)
-        with torch.no_grad():
-            feats = self.policy.features(batch_tensors["obs"][idx])
-        actions = batch_tensors["actions"][idx]
-        logp_b = batch_tensors["logp"][idx]
-        adv = _normalise(batch_tensors["advantages"][idx])
-        old = dist_from_params({k: v[idx] for k, v in batch_tensors.items() if k.startswith("old_")})
-        if "target_logp" in batch_tensors:
-            logp_t = batch_tensors["target_logp"][idx]
-        else:
-            with torch.no_grad():
-                logp_t = old.log_prob(actions)
-        kl_coef, clip, rho_bar, ent_coef = self.kl_coef, self.cfg.clip, self.cfg.rho_bar, self.cfg.entropy_coef
-        policy = self.policy
-
-        def closure() -> torch.Tensor:
-            dist = policy.distribution_from_features(feats)
-            loss = impact_surrogate(dist.log_prob(actions), logp_t, logp_b, adv, clip, rho_bar) + kl_coef * kl_penalty(old, dist)
-            return loss - ent_coef * entropy_bonus(dist) if ent_coef else loss
-
-        return closure
+        entropy_coef * H, a differentiable function of ``policy_parameters()``. Advantages are
+        normalised over the subset; kl_coef is the one in force when the closure is made; features
+        are computed once, with the normaliser as it is now."""
+        return impact_objective(self.policy, self._require_batch(), indices, **self._coefs())
 
     # -- checkpoints ------------------------------------------------------------------------------
+
+    def _modules(self) -> dict[str, nn.Module]:
+        return {"policy": self.policy, "target": self.target, "critic": self.critic}
 
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """(tensors, meta) for ``dumps_tensors``. Tensors: ``policy.*``, ``target.*``, ``critic.*``,
         ``optim.{i}.{key}``, and ``replay.{seq}.{key}`` for the buffer's batches when they total at
         most ``replay_checkpoint_max_bytes`` (else none: see the module docstring)."""
-        tensors: dict[str, torch.Tensor] = {}
-        for prefix, module in (("policy", self.policy), ("target", self.target), ("critic", self.critic)):
-            for k, v in module.state_dict().items():
-                tensors[f"{prefix}.{k}"] = v.detach().cpu().clone()
-        optim, param_groups = optimizer_tensors(self.optimizer)
+        tensors = common.module_tensors(self._modules())
+        optim, param_groups = common.optimizer_tensors(self.optimizer)
         tensors.update(optim)
         stored = self.replay.batches()
         nbytes = sum(np.asarray(a).nbytes for b in stored.values() for a in b.values())
-        keep = nbytes <= int(_setting(self.cfg, "replay_checkpoint_max_bytes"))
+        keep = nbytes <= int(self.cfg.replay_checkpoint_max_bytes)
         if keep:
             for seq, b in stored.items():
                 for key, arr in b.items():
                     tensors[f"replay.{seq}.{key}"] = torch.from_numpy(np.ascontiguousarray(arr).copy())
         meta = {
-            "format": "nitro.impact_learner/1",
-            "env_id": self.spec.env_id,
-            "kl_coef": self.kl_coef,
-            "reward_mean": self.reward_stats.mean,
-            "reward_var": self.reward_stats.var,
-            "reward_count": self.reward_stats.count,
-            "n_updates": self.n_updates,
+            **self._common_meta("nitro.impact_learner/1"),
             "n_target_updates": self.n_target_updates,
             "last_n_new_batches": self.last_n_new_batches,
-            "seed": self.seed,
             "optim_param_groups": param_groups,
             "replay": self.replay.bookkeeping(),
             "replay_batches_included": keep,
@@ -714,30 +614,15 @@ class ImpactLearner:
         }
         return tensors, json.loads(json.dumps(meta))
 
-    def load_state_dict(self, tensors: dict[str, ArrayLike], meta: dict[str, Any]) -> None:
+    def load_state_dict(self, tensors: Mapping[str, ArrayLike], meta: Mapping[str, Any]) -> None:
         """Inverse of ``state_dict``; ``meta`` values may be JSON strings, tensors numpy arrays."""
-        meta = {k: _maybe_json(v) for k, v in meta.items()}
-        if meta.get("format") != "nitro.impact_learner/1":
-            raise ValueError(f"not an IMPACT learner state (format {meta.get('format')!r})")
-        if meta.get("env_id") != self.spec.env_id:
-            raise ValueError(f"learner state is for {meta.get('env_id')!r}, this learner is for {self.spec.env_id!r}")
-        t = {k: torch.as_tensor(np.asarray(v) if not isinstance(v, torch.Tensor) else v) for k, v in tensors.items()}
-        for prefix, module in (("policy", self.policy), ("target", self.target), ("critic", self.critic)):
-            n = len(prefix) + 1
-            module.load_state_dict({k[n:]: v for k, v in t.items() if k.startswith(prefix + ".")}, strict=True)
-        load_optimizer(self.optimizer, t, meta["optim_param_groups"])
-        self.kl_coef = float(meta["kl_coef"])
-        self.reward_stats.mean = float(meta["reward_mean"])
-        self.reward_stats.var = float(meta["reward_var"])
-        self.reward_stats.count = float(meta["reward_count"])
-        self.n_updates = int(meta["n_updates"])
+        t, meta = self._load_common(self._modules(), tensors, meta, fmt="nitro.impact_learner/1")
         self.n_target_updates = int(meta["n_target_updates"])
         self.last_n_new_batches = int(meta["last_n_new_batches"])
-        self.seed = int(meta["seed"])
         batches: dict[int, dict[str, np.ndarray]] = {}
         for k, v in t.items():
             if k.startswith("replay."):
                 _, seq, key = k.split(".", 2)
                 batches.setdefault(int(seq), {})[key] = v.cpu().numpy().copy()
-        self.replay = ReplayBuffer(self.cfg.replay_capacity, self.cfg.replay_max_reuse)
+        self.replay = ReplayBuffer(self.cfg.replay_capacity, self.cfg.replay_max_reuse, check=self._check_batch)
         self.replay_dropped_on_load = self.replay.restore(meta["replay"], batches)

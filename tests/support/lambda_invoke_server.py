@@ -32,10 +32,18 @@ environments share a worker process as threads (the handler's simulated duration
 a thousand concurrent invocations need a handful of processes on a 2-core machine. The HTTP side
 is a single asyncio (aiohttp) loop.
 
-Not reproduced: SigV4 verification (any credentials are accepted), asynchronous (``Event``)
-invocation, the 15-minute ceiling of real environments, memory limits and CPU scaling with memory.
+* SigV4, when the server is given credentials (``InvokeServer(..., credentials=(key id, secret))``):
+  a request must carry an ``Authorization`` header whose signature, recomputed from the request as
+  received (method, path, query, the signed headers, the body's SHA-256) with botocore's own
+  signer, matches; otherwise ``403 InvalidSignatureException`` (or
+  ``MissingAuthenticationTokenException`` without one, ``UnrecognizedClientException`` for another
+  key id, "Signature expired" past 15 minutes of skew), as the service answers. Without credentials,
+  any signature is accepted.
 
-Run standalone: ``python -m nitro.actors.invoke_server --port 9001 --function nitro-actor``.
+Not reproduced: asynchronous (``Event``) invocation, the 15-minute ceiling of real environments,
+memory limits and CPU scaling with memory.
+
+Run standalone: ``python -m tests.support.lambda_invoke_server --port 9001 --function nitro-actor``.
 """
 
 from __future__ import annotations
@@ -43,12 +51,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import calendar
+import hmac
 import itertools
 import json
 import logging
 import math
 import multiprocessing as mp
 import os
+import re
 import signal
 import sys
 import threading
@@ -388,6 +399,50 @@ def _json_error(status: int, error_type: str, message: str, extra: dict | None =
     return web.Response(status=status, body=json.dumps(body).encode(), headers=hdrs)
 
 
+_AUTH_RE = re.compile(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request, "
+                      r"SignedHeaders=([a-z0-9;\-]+), Signature=([0-9a-f]{64})$")
+MAX_SKEW_S = 15 * 60
+
+
+def sigv4_problem(method: str, raw_path_qs: str, headers: Any, body: bytes,
+                  credentials: tuple[str, str]) -> tuple[int, str, str] | None:
+    """Why the request's SigV4 signature is not valid for ``credentials`` ((status, error type,
+    message), as Lambda answers), or None when it is. The canonical request is rebuilt from what
+    was received, so a client that signed one thing and sent another fails here as it would on AWS."""
+    from botocore.auth import SIGV4_TIMESTAMP, SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    auth = headers.get("Authorization")
+    if not auth:
+        return 403, "MissingAuthenticationTokenException", "Missing Authentication Token"
+    m = _AUTH_RE.match(auth)
+    amz_date = headers.get("X-Amz-Date", "")
+    if m is None or not amz_date:
+        return 403, "IncompleteSignatureException", f"Authorization header requires a valid Credential, SignedHeaders and Signature: {auth[:80]}"
+    key_id, day, region, service, signed, signature = m.groups()
+    if key_id != credentials[0]:
+        return 403, "UnrecognizedClientException", "The security token included in the request is invalid."
+    try:
+        when = calendar.timegm(time.strptime(amz_date, SIGV4_TIMESTAMP))
+    except ValueError:
+        return 403, "IncompleteSignatureException", f"invalid X-Amz-Date {amz_date!r}"
+    if abs(time.time() - when) > MAX_SKEW_S:
+        return 403, "InvalidSignatureException", f"Signature expired: {amz_date} is now earlier or later than 15 min of the server time"
+    names = signed.split(";")
+    if "host" not in names or any(name not in headers for name in names):
+        return 403, "InvalidSignatureException", f"signed headers missing from the request: {signed}"
+    request = AWSRequest(method=method, url=f"http://{headers['Host']}{raw_path_qs}", data=body,
+                         headers={name: headers[name] for name in names})
+    request.context["timestamp"] = amz_date
+    signer = SigV4Auth(Credentials(credentials[0], credentials[1], headers.get("X-Amz-Security-Token")), service, region)
+    expected = signer.signature(signer.string_to_sign(request, signer.canonical_request(request)), request)
+    if not hmac.compare_digest(expected, signature) or day != amz_date[:8]:
+        return 403, "InvalidSignatureException", ("The request signature we calculated does not match the signature you "
+                                                  "provided. Check your AWS Secret Access Key and signing method.")
+    return None
+
+
 def _log_tail(request_id: str, lines: list[str]) -> str:
     text = "\n".join(lines) + "\n"
     raw = text.encode()[-4096:]  # Lambda returns the last 4 KB of the log
@@ -402,8 +457,10 @@ class InvokeServer:
     """
 
     def __init__(self, functions: list[FunctionSpec], host: str = "127.0.0.1", port: int = 0,
-                 preload: tuple[str, ...] | None = ("actor_lambda.handler",)):
+                 preload: tuple[str, ...] | None = ("actor_lambda.handler",),
+                 credentials: tuple[str, str] | None = None):
         self.functions = {f.name: f for f in functions}
+        self.credentials = credentials  # (access key id, secret): verify SigV4 signatures; None: accept any
         for module in preload or ():
             if module not in _PRELOAD:
                 _PRELOAD.append(module)
@@ -415,6 +472,7 @@ class InvokeServer:
         self._runner = None
         self._started = threading.Event()
         self._start_error: BaseException | None = None
+        self.auth_failures = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -518,6 +576,11 @@ class InvokeServer:
         if name.startswith("arn:"):
             name = name.split(":")[6] if len(name.split(":")) > 6 else name
         payload = await request.read()  # read it all first, as the service does, then judge it
+        if self.credentials is not None:
+            problem = sigv4_problem(request.method, request.raw_path, request.headers, payload, self.credentials)
+            if problem is not None:
+                self.auth_failures += 1
+                return _json_error(problem[0], problem[1], problem[2])
         spec = self.functions.get(name)
         if spec is None:
             return _json_error(404, "ResourceNotFoundException", f"Function not found: arn:aws:lambda:us-east-1:{ACCOUNT_ID}:function:{name}")
@@ -626,7 +689,7 @@ _REQ_IDS = itertools.count(1)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m nitro.actors.invoke_server", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tests.support.lambda_invoke_server", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9001)
     p.add_argument("--function", default="nitro-actor", help="function name")

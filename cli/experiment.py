@@ -1,0 +1,33 @@
+"""``nitro experiment``: run an experiment spec through the ``nitro-experiment`` flow and print its summary."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def cmd_experiment(args) -> int:
+    """``nitro experiment SPEC [--sensitivity] [--report-dir DIR] [--fail-fast] [key=value ...]``.
+
+    Validates the spec before Prefect starts, runs the ``nitro-experiment`` flow in this process
+    and prints the summary table. Exit 0: all cells finished; 1: some cells failed (re-run the same
+    command to resume them); 2: invalid spec (raised as ExperimentError, a ConfigError)."""
+    import asyncio
+
+    from nitro.experiments import format_summary, load_spec
+
+    load_spec(args.spec, args.overrides)  # fail fast, before Prefect starts
+    from flows.experiment import ExperimentFailed, experiment
+
+    try:
+        result = asyncio.run(experiment(spec_path=str(args.spec), sensitivity=args.sensitivity,
+                                        overrides=list(args.overrides), report_dir=args.report_dir,
+                                        fail_fast=args.fail_fast))
+    except ExperimentFailed as exc:
+        print(f"nitro: experiment incomplete: {exc}", file=sys.stderr)
+        return 1
+    summary = json.loads((Path(result["report_dir"]) / "results.json").read_text())["summary"]
+    print(format_summary([s for s in summary if not s.get("sensitivity")], markdown=False))
+    print(f"report: {result['report_dir']}/README.md   MLflow parent run: {result['parent_run_id']}")
+    return 0

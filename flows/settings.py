@@ -1,0 +1,25 @@
+"""The Prefect settings every Nitro entry point runs under (the CLI, the benchmarks), as
+environment defaults: a value the user set wins."""
+
+from __future__ import annotations
+
+import os
+
+
+def apply_prefect_defaults() -> None:
+    # The ephemeral API server takes 15-20 s to start on small machines (NOTES.md).
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # One line per round from Nitro; Prefect's per-task state lines stay in the UI.
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("MUJOCO_GL", "disable")
+    # The server records task runs one per SQLite transaction by default; each round's subflow
+    # start then waited ~2 s behind the last round's writes. Batching cut it to ~0.2 s
+    # (bench/orchestration_overhead.py).
+    os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE", "100")
+    os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE", "100")
+    # The same for the events behind those task runs (3 per task run): the event persister wrote
+    # them 20 at a time, one message at a time, and held SQLite's write lock so long that the next
+    # round's subflow waited up to 2 s to create its task run (bench/orchestration_overhead.py).
+    os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE", "200")
+    os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_READ_BATCH_SIZE", "100")

@@ -1,0 +1,137 @@
+"""The cells of an experiment: the matrix expansion in run order, deterministic cell run ids,
+each cell's config, the sensitivity sweep's cells, and a ``random`` cell's nitro partner."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from nitro.config import NitroConfig
+
+if TYPE_CHECKING:
+    from nitro.experiments.spec import ExperimentSpec
+
+
+def _slug(text: str, n: int = 40) -> str:
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", str(text).lower())).strip("-")[:n]
+
+
+def _fmt_value(v: Any) -> str:
+    return repr(v) if isinstance(v, str) else (f"{v:g}" if isinstance(v, float) else str(v))
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One training run of the matrix. ``variant``: a sensitivity override, e.g. (("scaler.decay", 0.9),)."""
+
+    env: str
+    algo: str
+    scaler: str
+    seed: int
+    variant: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def key(self) -> str:
+        parts = [self.env, self.algo, self.scaler, f"seed={self.seed}"]
+        parts += [f"{k}={_fmt_value(v)}" for k, v in self.variant]
+        return "/".join(parts)
+
+    @property
+    def label(self) -> str:
+        """The group a cell's seeds are averaged in: the scaler, plus the sensitivity value."""
+        return " ".join([self.scaler, *(f"{k}={_fmt_value(v)}" for k, v in self.variant)])
+
+    @property
+    def is_sensitivity(self) -> bool:
+        return bool(self.variant)
+
+    def overrides(self) -> list[str]:
+        out = [f"env_id={self.env}", f"algo={self.algo}", f"scaler.name={self.scaler}", f"seed={self.seed}"]
+        return out + [f"{k}={v}" for k, v in self.variant]
+
+
+def cell_run_id(experiment: str, cell: Cell) -> str:
+    """Deterministic Nitro run id of a cell: readable prefix + a hash of (experiment, cell key).
+
+    The same spec always maps a cell to the same run id, which is what makes an experiment
+    resumable (the run's checkpoints and MLflow run are found by it)."""
+    digest = hashlib.sha1(json.dumps([experiment, cell.key]).encode()).hexdigest()[:8]
+    parts = [_slug(experiment, 24), _slug(cell.env.split("/")[-1], 16), cell.algo, cell.scaler, f"s{cell.seed}"]
+    parts += [f"{_slug(k.split('.')[-1], 8)}{_slug(_fmt_value(v), 8)}" for k, v in cell.variant]
+    return "-".join(p for p in parts if p) + f"-{digest}"
+
+
+def _base_value(spec: ExperimentSpec, key: str) -> Any:
+    cfg = NitroConfig.load(copy.deepcopy(spec.base), list(spec.overrides))
+    node: Any = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def expand_cells(spec: ExperimentSpec, sensitivity: bool = False) -> list[Cell]:
+    """The cells in run order: per env, algo, seed, the scalers with ``nitro`` first (``random``
+    needs its measured mean actors); then, with ``sensitivity``, the sweep's extra cells."""
+    m = spec.matrix
+    order = sorted(m.scaler, key=lambda s: (s != "nitro", s == "random"))  # stable otherwise
+    cells = [Cell(env, algo, scaler, seed) for env in m.env for algo in m.algo for seed in m.seed for scaler in order]
+    if sensitivity and spec.sensitivity is not None:
+        seen = {c.key for c in cells}
+        sens = spec.sensitivity
+        for env in m.env:
+            for algo in m.algo:
+                for key, values in sens.sweep.items():
+                    base_value = _base_value(spec, key)
+                    for value in values:
+                        for seed in spec.seeds_for_sensitivity:
+                            variant = () if value == base_value else ((key, value),)
+                            cell = Cell(env, algo, sens.scaler, seed, variant)
+                            if cell.key not in seen:
+                                seen.add(cell.key)
+                                cells.append(cell)
+    return cells
+
+
+def sensitivity_cells(spec: ExperimentSpec, cells: Sequence[Cell]) -> dict[str, dict[Any, list[Cell]]]:
+    """{swept key: {value: [cells over seeds]}}; the base value maps to the main matrix's cells."""
+    out: dict[str, dict[Any, list[Cell]]] = {}
+    if spec.sensitivity is None:
+        return out
+    by_key = {c.key: c for c in cells}
+    sens = spec.sensitivity
+    for key, values in sens.sweep.items():
+        base_value = _base_value(spec, key)
+        per_value: dict[Any, list[Cell]] = {}
+        for value in sorted(set(values) | {base_value}):
+            per_value[value] = []
+            for env in spec.matrix.env:
+                for algo in spec.matrix.algo:
+                    for seed in spec.seeds_for_sensitivity:
+                        variant = () if value == base_value else ((key, value),)
+                        c = by_key.get(Cell(env, algo, sens.scaler, seed, variant).key)
+                        if c is not None:
+                            per_value[value].append(c)
+        out[key] = per_value
+    return out
+
+
+def cell_config(spec: ExperimentSpec, cell: Cell, random_mean_actors: float | None = None) -> NitroConfig:
+    """The cell's full NitroConfig (raises ConfigError)."""
+    extra = list(spec.overrides) + cell.overrides() + [f"tracking.experiment={spec.name}"]
+    if spec.compare == "budget":
+        extra += [f"budget_usd={spec.budget_usd!r}", f"rounds={spec.max_rounds}"]
+    else:
+        extra += ["budget_usd=null", f"rounds={spec.rounds}"]
+    if random_mean_actors is not None and cell.scaler == "random":
+        extra.append(f"scaler.random_mean_actors={float(random_mean_actors)!r}")
+    # A deep copy: NitroConfig.load applies dotted overrides in place into nested dicts of its input.
+    return NitroConfig.load(copy.deepcopy(spec.base), extra)
+
+
+def nitro_partner(cell: Cell) -> Cell:
+    """The nitro cell whose measured mean actors a ``random`` cell matches."""
+    return Cell(cell.env, cell.algo, "nitro", cell.seed)

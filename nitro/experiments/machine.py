@@ -1,0 +1,53 @@
+"""The machine and package versions an experiment's report was made on."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+
+def machine_info() -> dict[str, Any]:
+    from importlib import metadata
+
+    versions = {}
+    for pkg in ("nitro", "torch", "numpy", "gymnasium", "mujoco", "prefect", "mlflow", "pydantic", "redis",
+                "matplotlib", "safetensors"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            continue
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        mem_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        pass
+    commit = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_gib": mem_gib,
+        "git_commit": commit,
+        "packages": versions,
+        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }

@@ -1,0 +1,213 @@
+"""An experiment's report: plots, a Markdown summary, CSV/JSON raw numbers and machine info, all from MLflow."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from nitro.experiments.cells import Cell, _fmt_value, _slug, sensitivity_cells
+from nitro.experiments.machine import machine_info
+from nitro.experiments.spec import ExperimentSpec
+from nitro.experiments.stats import _finite, experiment_rows, format_summary, summarize
+
+REPORT_METRICS = ("eval_return_mean", "eval_stochastic_return_mean", "train_return_mean", "actors_launched", "env_steps_total", "spend_round_usd",
+                  "spend_total_usd", "boost_score", "hessian_R", "round_s")
+
+
+@dataclass
+class Report:
+    out_dir: Path
+    files: list[Path] = field(default_factory=list)
+    summary: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    markdown: str = ""
+
+
+def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Path:
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in columns})
+    return path
+
+
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, Mapping):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def build_report(
+    spec: ExperimentSpec,
+    cells: Sequence[Cell],
+    tracking_uri: str,
+    out_dir: str | os.PathLike,
+    *,
+    parent_run_id: str | None = None,
+    notes: Mapping[str, str] | None = None,
+) -> Report:
+    """Plots, Markdown summary (README.md), CSV/JSON raw numbers and machine info in ``out_dir``.
+
+    Everything comes from MLflow: the per-run table is ``nitro compare``'s rows (same code, same
+    formatting), the summary aggregates those rows, the curves are the runs' metric histories.
+    ``notes``: per cell key, a remark (e.g. where a random cell's mean actors came from)."""
+    from mlflow.tracking import MlflowClient
+
+    from nitro import plots
+    from nitro.compare import format_table
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report = Report(out)
+    rows = experiment_rows(tracking_uri, spec, cells)
+    report.rows = rows
+    client = MlflowClient(tracking_uri=tracking_uri)
+    histories: dict[str, list[dict[str, float]]] = {}
+    for r in rows:
+        per_step: dict[int, dict[str, float]] = {}
+        for key in REPORT_METRICS:
+            for m in client.get_metric_history(r["mlflow_run_id"], key):
+                per_step.setdefault(int(m.step), {"round": int(m.step)})[key] = m.value
+        histories[r["mlflow_run_id"]] = [per_step[k] for k in sorted(per_step)]
+
+    main_labels = list(dict.fromkeys(c.label for c in cells if not c.is_sensitivity))
+    main_rows = [r for r in rows if not r["variant"]]
+    report.summary = summarize(main_rows, main_labels)
+
+    md: list[str] = [f"# Experiment `{spec.name}`", ""]
+    if spec.description:
+        md += [spec.description.strip(), ""]
+    common = (f"the same budget, ${spec.budget_usd:g} per cell (round cap {spec.max_rounds})"
+              if spec.compare == "budget" else f"the same number of rounds, {spec.rounds} per cell")
+    md += [
+        f"Matrix: env {', '.join(spec.matrix.env)} × algo {', '.join(spec.matrix.algo)} × scaler "
+        f"{', '.join(spec.matrix.scaler)} × seeds {', '.join(map(str, spec.matrix.seed))}; compared under {common}.",
+        f"Cells finished: {sum(r['status'] == 'FINISHED' for r in rows)} of {len(cells)}"
+        + (f"; MLflow parent run `{parent_run_id}`" if parent_run_id else "") + ".",
+        "",
+        "Final return: the mean episodic return of the run's last round with finished episodes "
+        "(`nitro compare`'s `final return`); total spend: the ledger's cumulative spend. Both as "
+        "mean ± 95% t-interval over seeds.",
+        "",
+    ]
+    if spec.compare == "budget":
+        md += ["A cell stops when the budget cap finds no room for another round. The cap reserves "
+               "upper bounds (nitro/budget.py): the learner's time until the next decision and each actor's "
+               "timeout-bounded cost, so "
+               "cells with long (boosted) rounds leave more of the budget unspent; read the total spend "
+               "column next to the return.", ""]
+    def add(path: Path) -> str:
+        report.files.append(path)
+        return path.name
+
+    for env in spec.matrix.env:
+        for algo in spec.matrix.algo:
+            stem = f"{_slug(env.split('/')[-1])}-{algo}"
+            groups: dict[str, list[list[dict[str, float]]]] = {}
+            for lab in main_labels:
+                runs = [histories[r["mlflow_run_id"]] for r in main_rows
+                        if r["env"] == env and r["algo"] == algo and r["label"] == lab]
+                if runs:
+                    groups[lab] = runs
+            md += [f"## {env} · {algo}", ""]
+            if not groups:
+                md += ["No finished runs yet.", ""]
+                continue
+            title = f"{env} {algo}"
+            figs = [
+                plots.plot_group_curves(groups, out / f"{stem}-return-vs-round.png", x_key="round", y_key="eval_return_mean",
+                                        title=f"{title}: evaluation return vs round (mean ± 95% CI)",
+                                        ylabel="evaluation return (whole episodes)"),
+                plots.plot_group_curves(groups, out / f"{stem}-return-vs-spend.png", x_key="spend_total_usd",
+                                        y_key="eval_return_mean", title=f"{title}: evaluation return vs cumulative spend",
+                                        xlabel="cumulative spend (USD)", ylabel="evaluation return (whole episodes)"),
+                plots.plot_group_curves(groups, out / f"{stem}-actors-per-round.png", x_key="round",
+                                        y_key="actors_launched", title=f"{title}: actors per round",
+                                        ylabel="actors launched"),
+            ]
+            summ = [s for s in report.summary if s["env"] == env and s["algo"] == algo]
+            figs.append(plots.plot_group_bars({s["label"]: s["final_return_values"] for s in summ},
+                                              out / f"{stem}-final-return.png", title=f"{title}: final evaluation return",
+                                              ylabel="final evaluation return"))
+            figs.append(plots.plot_group_bars({s["label"]: s["total_spend_usd_values"] for s in summ},
+                                              out / f"{stem}-total-spend.png", title=f"{title}: total spend",
+                                              ylabel="USD"))
+            md += [format_summary(summ), ""]
+            md += [f"![{p.stem}]({add(p)})" for p in figs] + [""]
+
+    sens = sensitivity_cells(spec, cells)
+    sens_rows = [r for r in rows if r["variant"]] or []
+    if sens and sens_rows:
+        md += ["## Sensitivity (paper §8.4)", "",
+               f"Scaler `{spec.sensitivity.scaler}`, one parameter at a time, others at the base value; "
+               "the base value is the main matrix's cells.", ""]
+        by_cell = {r["cell"]: r for r in rows}
+        sens_summary = []
+        for key, per_value in sens.items():
+            for env in spec.matrix.env:
+                for algo in spec.matrix.algo:
+                    values = {}
+                    for value, cs in per_value.items():
+                        rs = [by_cell[c.key] for c in cs if c.key in by_cell and c.env == env and c.algo == algo]
+                        fr = [float(r["final_return"]) for r in rs if _finite(r.get("final_return"))]
+                        if rs:
+                            values[f"{key}={_fmt_value(value)}"] = fr
+                            s = summarize([{**r, "label": f"{key}={_fmt_value(value)}"} for r in rs])[0]
+                            sens_summary.append({**s, "param": key, "value": value})
+                    if values:
+                        p = plots.plot_group_bars(values, out / f"{_slug(env.split('/')[-1])}-{algo}-sensitivity-{_slug(key)}.png",
+                                                  title=f"{env} {algo}: final return vs {key}", ylabel="final evaluation return")
+                        md += [f"![{p.stem}]({add(p)})"]
+        md += ["", format_summary(sens_summary), ""]
+        report.summary += [{**s, "sensitivity": True} for s in sens_summary]
+
+    md += ["## Runs (`nitro compare --experiment " + spec.name + "`)", "",
+           format_table(rows, markdown=True), ""]
+    if notes:
+        md += ["## Notes", ""] + [f"- `{k}`: {v}" for k, v in notes.items()] + [""]
+    info = machine_info()
+    md += ["## Machine and versions", "",
+           f"- {info['platform']}, Python {info['python']}, {info['cpu']} ({info['cpu_count']} CPUs"
+           f"{', ' + str(info['affinity_cpus']) + ' usable' if info.get('affinity_cpus') else ''}), "
+           f"{info['memory_gib']} GiB RAM; git {info['git_commit']}",
+           "- " + ", ".join(f"{k} {v}" for k, v in info["packages"].items()),
+           f"- generated {info['generated_at']}", ""]
+
+    run_cols = ["run_name", "nitro_run_id", "mlflow_run_id", "cell", "label", "env", "algo", "scaler", "seed",
+                "rounds_done", "final_return", "total_spend_usd", "env_steps_total", "status"]
+    add(_write_csv(out / "runs.csv", rows, run_cols))
+    round_rows = [{"run_name": r["run_name"], "label": r["label"], "env": r["env"], "algo": r["algo"], "seed": r["seed"],
+                   **h} for r in rows for h in histories[r["mlflow_run_id"]]]
+    add(_write_csv(out / "rounds.csv", round_rows, ["run_name", "label", "env", "algo", "seed", "round", *REPORT_METRICS]))
+    summary_cols = ["env", "algo", "label", "n", "final_return_mean", "final_return_ci95", "total_spend_usd_mean",
+                    "total_spend_usd_ci95", "rounds_done_mean", "env_steps_total_mean"]
+    add(_write_csv(out / "summary.csv", report.summary, summary_cols))
+    results = {
+        "experiment": spec.name, "spec": spec.model_dump(mode="json"), "parent_run_id": parent_run_id,
+        "tracking_uri": tracking_uri, "machine": info, "summary": report.summary, "runs": rows,
+        "rounds": {r["run_name"]: histories[r["mlflow_run_id"]] for r in rows}, "notes": dict(notes or {}),
+    }
+    results_path = out / "results.json"
+    results_path.write_text(json.dumps(_json_safe(results), indent=1, default=str))
+    add(results_path)
+    report.markdown = "\n".join(md)
+    add_path = out / "README.md"
+    add_path.write_text(report.markdown + "\n")
+    add(add_path)
+    return report
+
+
+def iter_report_files(report: Report) -> Iterable[Path]:
+    return iter(report.files)

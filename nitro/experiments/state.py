@@ -1,0 +1,96 @@
+"""The state of a cell, for resuming: from its checkpoints, its done marker and its saved config."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+import yaml
+
+from nitro.config import NitroConfig
+
+DONE_MARKER = "experiment-cell-done.json"
+
+
+def _checkpoint_state(config: NitroConfig, run_id: str) -> dict[str, Any] | None:
+    from nitro.checkpoint import CheckpointError, latest_round, load_checkpoint
+
+    if latest_round(config.home, run_id) is None:
+        return None
+    try:
+        return load_checkpoint(config.home, run_id)[1]
+    except CheckpointError:
+        return None
+
+
+def _history_stop(config: NitroConfig, state: Mapping[str, Any]) -> str | None:
+    """The stop the engine reported after the checkpointed round (``nitro.engine.stop_reason`` on
+    its history row; a budget stop is a round whose capped decision was 0 actors)."""
+    from nitro.engine import STOP_ROUNDS, stop_reason
+
+    history = state.get("history") or []
+    next_round = int(state.get("next_round", 0))
+    if not history:
+        return STOP_ROUNDS if next_round >= config.rounds else None
+    last = history[-1]
+    return stop_reason(config, last, next_round, int(last.get("actors_launched", 1)))
+
+
+def cell_state(config: NitroConfig, run_id: str) -> tuple[str, int]:
+    """("new" | "partial" | "done", rounds done) from the cell's checkpoints (and done marker)."""
+    from nitro.checkpoint import run_dir
+
+    state = _checkpoint_state(config, run_id)
+    rounds = int(state["next_round"]) if state else 0
+    if (run_dir(config.home, run_id) / DONE_MARKER).exists():
+        return "done", rounds
+    if state is None:
+        return "new", 0
+    return ("done" if _history_stop(config, state) else "partial"), rounds
+
+
+def mark_done(config: NitroConfig, run_id: str, result: Mapping[str, Any]) -> None:
+    from nitro.checkpoint import run_dir
+
+    path = run_dir(config.home, run_id) / DONE_MARKER
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(result), indent=2, default=str))
+
+
+def mean_actors_per_round(config: NitroConfig, run_id: str) -> float | None:
+    """Mean actors launched per round over the rounds that launched any (the budget-stop round
+    launches none and is left out), from the run's latest checkpoint; None if there is none."""
+    state = _checkpoint_state(config, run_id)
+    if not state:
+        return None
+    counts = [float(r.get("actors_launched", 0)) for r in state.get("history") or []]
+    counts = [c for c in counts if c > 0]
+    return sum(counts) / len(counts) if counts else None
+
+
+def saved_config_mismatch(config: NitroConfig, run_id: str) -> str | None:
+    """A one-line reason when the cell's run directory holds a different config (the spec was
+    edited after the cell started), else None."""
+    from nitro.checkpoint import run_dir
+
+    path = run_dir(config.home, run_id) / "config.yaml"
+    if not path.exists():
+        return None
+    old = yaml.safe_load(path.read_text()) or {}
+    new = config.model_dump(mode="json", by_alias=True)
+    diff = sorted(k for k in set(_flat(old)) | set(_flat(new)) if _flat(old).get(k) != _flat(new).get(k))
+    if not diff:
+        return None
+    return (f"cell run {run_id} was started with a different config ({', '.join(diff[:4])}"
+            f"{' ...' if len(diff) > 4 else ''}); rename the experiment or delete {path.parent}")
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, Mapping):
+            out.update(_flat(v, key))
+        else:
+            out[key] = v
+    return out

@@ -1,0 +1,96 @@
+"""An experiment's numbers: the same rows as ``nitro compare``, and their mean ± 95% CI over seeds."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from nitro.experiments.cells import Cell, cell_run_id
+
+if TYPE_CHECKING:
+    from nitro.experiments.spec import ExperimentSpec
+
+
+def experiment_rows(tracking_uri: str, spec: ExperimentSpec, cells: Sequence[Cell]) -> list[dict[str, Any]]:
+    """``compare_runs(tracking_uri, spec.name)`` rows (exactly what ``nitro compare --experiment
+    <name>`` prints), restricted to this spec's cells, each with its cell's ``cell``, ``label``
+    and ``variant`` added. Sorted as compare sorts them."""
+    from nitro.compare import compare_runs
+
+    by_run = {cell_run_id(spec.name, c): c for c in cells}
+    rows = []
+    for row in compare_runs(tracking_uri, spec.name):
+        cell = by_run.get(row.get("nitro_run_id"))
+        if cell is None:
+            continue
+        row = {**row, "cell": cell.key, "label": cell.label, "variant": dict(cell.variant)}
+        rows.append(row)
+    return rows
+
+
+def _finite(v: Any) -> bool:
+    try:
+        return v is not None and math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("env", "env"),
+    ("algo", "algo"),
+    ("label", "scaler"),
+    ("n", "seeds"),
+    ("final_return", "final eval return (mean ± 95% CI)"),
+    ("total_spend_usd", "total spend USD (mean ± 95% CI)"),
+    ("rounds_done", "rounds (mean)"),
+    ("env_steps_total", "env steps (mean)"),
+)
+
+
+def summarize(rows: Sequence[Mapping[str, Any]], labels: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Per (env, algo, label): mean ± 95% CI over seeds of the compare rows' ``final_return`` and
+    ``total_spend_usd``, and the means of ``rounds_done`` and ``env_steps_total``."""
+    from nitro.plots import mean_ci95
+
+    groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((str(r["env"]), str(r["algo"]), str(r["label"])), []).append(r)
+    order = {lab: i for i, lab in enumerate(labels or [])}
+    out = []
+    for (env, algo, label), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][2], 1 << 30), kv[0][2])):
+        fr = [float(r["final_return"]) for r in rs if _finite(r.get("final_return"))]
+        sp = [float(r["total_spend_usd"]) for r in rs if _finite(r.get("total_spend_usd"))]
+        rd = [float(r["rounds_done"]) for r in rs if _finite(r.get("rounds_done"))]
+        st = [float(r["env_steps_total"]) for r in rs if _finite(r.get("env_steps_total"))]
+        out.append({
+            "env": env, "algo": algo, "label": label, "n": len(rs),
+            "final_return_mean": mean_ci95(fr)[0], "final_return_ci95": mean_ci95(fr)[1],
+            "total_spend_usd_mean": mean_ci95(sp)[0], "total_spend_usd_ci95": mean_ci95(sp)[1],
+            "rounds_done_mean": sum(rd) / len(rd) if rd else math.nan,
+            "env_steps_total_mean": sum(st) / len(st) if st else math.nan,
+            "final_return_values": fr, "total_spend_usd_values": sp,
+        })
+    return out
+
+
+def _pm(mean: float, half: float, fmt: str) -> str:
+    if not _finite(mean):
+        return "-"
+    return f"{mean:{fmt}} ± {half:{fmt}}" if _finite(half) else f"{mean:{fmt}} (n=1)"
+
+
+def format_summary(summary: Sequence[Mapping[str, Any]], *, markdown: bool = True) -> str:
+    headers = [h for _, h in SUMMARY_COLUMNS]
+    cells = [[
+        s["env"], s["algo"], s["label"], str(s["n"]),
+        _pm(s["final_return_mean"], s["final_return_ci95"], ".2f"),
+        _pm(s["total_spend_usd_mean"], s["total_spend_usd_ci95"], ".4f"),
+        f"{s['rounds_done_mean']:.1f}" if _finite(s["rounds_done_mean"]) else "-",
+        f"{s['env_steps_total_mean']:.0f}" if _finite(s["env_steps_total_mean"]) else "-",
+    ] for s in summary]
+    if markdown:
+        lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+        return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells])
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    fmt = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
+    return "\n".join([fmt(headers), fmt(["-" * w for w in widths]), *(fmt(c) for c in cells)])

@@ -1,0 +1,1 @@
+"""Nitro's test suite (a package, so that ``tests.support`` imports from the repository root)."""

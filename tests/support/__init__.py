@@ -1,0 +1,3 @@
+"""Test-only infrastructure, shared by the tests and the benchmarks: the Lambda Invoke API
+emulator (``lambda_invoke_server``) and the local-pool test actors (``actor_helpers``).
+Run from the repository root (it must be on ``sys.path``)."""

@@ -1,0 +1,199 @@
+"""The `nitro` command as a user runs it, in a subprocess, with its own temporary Prefect API, its
+own local Redis and its own actor workers: what it says when it starts, what it says when a
+component dies under it, what it leaves behind when it is killed, how it resumes, and `nitro runs`.
+
+A test kills only processes that descend from the `nitro` process it started itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
+
+from nitro.checkpoint import checkpoint_dir, load_checkpoint, run_dir
+from nitro.tracking import CANONICAL_METRICS
+
+pytestmark = pytest.mark.timeout(600)
+
+ROUNDS = 4
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "NITRO_REDIS_URL", "MLFLOW_TRACKING_URI")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")  # its own API database
+    return env
+
+
+def _config(home: Path) -> list[str]:
+    return [f"rounds={ROUNDS}", "steps_per_actor=256", "scaler.name=fixed", "scaler.fixed_actors=2",
+            "backend.workers=2", "detector.subset_size=64", "eval.every_rounds=0", "round_deadline_s=20",
+            f"home={home}"]
+
+
+def _nitro(tmp_path: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=tmp_path, env=_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen, timeout_s: float = 300) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc)
+        out, err = proc.communicate()
+        pytest.fail(f"nitro did not finish in {timeout_s:.0f}s\n{out}\n{err[-3000:]}")
+    return proc.returncode, out, err
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Clean-up after a failed test: this process and what descends from it, nothing else."""
+    try:
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _wait_for(predicate, proc: subprocess.Popen, what: str, timeout_s: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"nitro exited ({proc.returncode}) before {what}\n{out}\n{err[-3000:]}")
+        time.sleep(0.01)
+    _kill_tree(proc)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _inflight_round(home: Path, run_id: str) -> int | None:
+    try:
+        return int(json.loads((run_dir(home, run_id) / "inflight.json").read_text())["round"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _descendants(proc: subprocess.Popen) -> list[psutil.Process]:
+    return psutil.Process(proc.pid).children(recursive=True)
+
+
+def _names(procs: list[psutil.Process]) -> str:
+    out = []
+    for p in procs:
+        try:
+            out.append(" ".join(p.cmdline())[:120])
+        except psutil.NoSuchProcess:
+            pass
+    return "; ".join(out)
+
+
+def _one_mlflow_run_with_one_value_per_step(home: Path) -> str:
+    client = MlflowClient(tracking_uri=f"sqlite:///{home.resolve()}/mlflow.db")
+    exp_ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    runs = client.search_runs(exp_ids, run_view_type=ViewType.ALL)
+    assert len(runs) == 1, [r.info.run_id for r in runs]
+    for name in CANONICAL_METRICS:
+        steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, name)]
+        assert sorted(steps) == list(range(ROUNDS)), (name, steps)
+    return runs[0].info.run_id
+
+
+def test_train_says_where_the_run_is_and_runs_lists_it(tmp_path):
+    home = tmp_path / "home"
+    code, out, err = _finish(_nitro(tmp_path, "train", *_config(home), "rounds=1"))
+    assert code == 0, err[-3000:]
+    lines = out.splitlines()
+    run_id = lines[0].removeprefix("nitro: starting run ")
+    assert run_id.startswith("run-") and len(run_id) == 16, lines[0]
+    assert f"state:  {home}/runs/{run_id}" in out and f"resume: nitro resume {run_id} --home {home}" in out
+    assert "started a local Redis" in (run_dir(home, run_id) / "nitro.log").read_text()
+
+    code, out, _ = _finish(_nitro(tmp_path, "runs", "--home", str(home)))
+    assert code == 0
+    header, row = out.splitlines()
+    assert header.split() == ["run", "status", "rounds", "return", "spend", "resume"]
+    assert row.split()[:3] == [run_id, "finished", "1/1"] and "nitro resume" not in row
+
+
+def test_sigkill_mid_round_leaves_nothing_behind_and_resume_bills_the_round(tmp_path):
+    home, run_id = tmp_path / "home", "killed"
+    proc = _nitro(tmp_path, "train", "--run-id", run_id, *_config(home))
+    try:
+        # Round 1's invocations are recorded just before they are invoked: kill in the middle of it.
+        _wait_for(lambda: _inflight_round(home, run_id) == 1, proc, "round 1's invocations")
+        started = _descendants(proc)
+        names = _names(started)
+        assert "redis-server" in names and "uvicorn" in names and "nitro.actors.local" in names, names
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(started, timeout=10)
+        assert not alive, f"still running after the CLI was killed: {_names(alive)}"
+    finally:
+        _kill_tree(proc)
+    killed_round = _inflight_round(home, run_id)
+    assert killed_round == 1 and not (checkpoint_dir(home, run_id) / "round-00001").exists()
+
+    code, out, _ = _finish(_nitro(tmp_path, "runs", "--home", str(home)))
+    row = next(line for line in out.splitlines() if line.startswith(run_id))
+    assert row.split()[1:3] == ["stopped", f"1/{ROUNDS}"] and row.endswith(f"nitro resume {run_id} --home {home}")
+
+    code, out, err = _finish(_nitro(tmp_path, "resume", run_id, "--home", str(home)))
+    assert code == 0, err[-3000:]
+    assert f"{ROUNDS} rounds" in out
+    _one_mlflow_run_with_one_value_per_step(home)
+    _, state = load_checkpoint(home, run_id)
+    interrupted = [r for r in state["ledger"]["rounds"] if r["interrupted"]]
+    assert [(r["round_idx"], r["n_requests"]) for r in interrupted] == [(1, 2)], interrupted
+    assert float(interrupted[0]["total"]) > 0
+    spends = [r["spend_round_usd"] for r in state["history"]]
+    assert float(state["ledger"]["rounds"][-1]["cumulative"]) == pytest.approx(sum(spends))
+
+
+def _redis_of(proc: subprocess.Popen) -> psutil.Process | None:
+    for p in _descendants(proc):
+        try:
+            if "redis-server" in " ".join(p.cmdline()):
+                return p
+        except psutil.NoSuchProcess:
+            pass
+    return None
+
+
+def test_redis_dying_mid_run_ends_in_one_line_and_the_run_resumes(tmp_path):
+    home, run_id = tmp_path / "home", "redis-died"
+    proc = _nitro(tmp_path, "train", "--run-id", run_id, *_config(home))
+    try:
+        _wait_for(lambda: (checkpoint_dir(home, run_id) / "round-00000").exists(), proc, "round 0's checkpoint")
+        redis = _redis_of(proc)
+        assert redis is not None
+        redis.kill()
+        code, out, err = _finish(proc, timeout_s=120)
+    finally:
+        _kill_tree(proc)
+    assert code == 1
+    lines = err.strip().splitlines()
+    last = lines[-1]
+    assert last.startswith("nitro: error: Redis at redis://127.0.0.1:"), last
+    assert f"Resume with: nitro resume {run_id} --home {home}" in last and "Traceback" not in err
+    assert len(lines) <= 20, err  # no pages of tracebacks: those are in the run's log file
+    assert "Traceback" in (run_dir(home, run_id) / "nitro.log").read_text()
+
+    code, out, err = _finish(_nitro(tmp_path, "resume", run_id, "--home", str(home)))
+    assert code == 0, err[-3000:]
+    assert f"{ROUNDS} rounds" in out
+    _one_mlflow_run_with_one_value_per_step(home)

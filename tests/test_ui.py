@@ -1,0 +1,392 @@
+"""Issue 12 in a real browser: Prefect and MLflow as the place where a user watches, judges and
+compares runs.
+
+One module, one set of servers: a real `prefect server` with its UI, `mlflow ui` over the runs'
+store, the work pools and deployment made by the README's own commands, and a process worker;
+headless Chromium (Debian's `chromium` package, driven by playwright's Python client; no browser
+download) clicks through both UIs. Each step leaves a screenshot in docs/screenshots/ (the
+README links them; set NITRO_SCREENSHOT_DIR to write them elsewhere).
+
+* Prefect: open the deployment, start a Custom run through the form, see the round lines in Logs
+  and the round table grow while the run is still running (the worker holds round 2 with
+  NITRO_INJECT_HANG_AT_ROUND, so "before the run ends" is a fact, not a race), follow the link to
+  the MLflow run; kill -9 the flow run's process in the middle of round 2, press Retry in the UI:
+  the run completes, no subflow stays Running, and each artifact exists once.
+* MLflow: the run list shows the headline metrics, the run's charts open with the Headline
+  group, the description's Prefect link opens the flow run, and Compare of two runs shows the
+  plots.
+
+Without Chromium or playwright the module is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.support.servers import (
+    REPO,
+    deploy_leaves_no_trace,
+    flow_runs_named,
+    mlflow_ui,
+    prefect_cli,
+    prefect_server,
+    prefect_worker,
+    tail,
+    wait_flow_run,
+    wait_until,
+)
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+if not Path(CHROMIUM).exists():
+    pytest.skip("no Chromium here: install Debian's package (apt-get install chromium) to run the UI tests",
+                allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+expect = sync_api.expect
+
+pytestmark = pytest.mark.timeout(1500)
+
+SHOTS = Path(os.environ.get("NITRO_SCREENSHOT_DIR") or REPO / "docs" / "screenshots")
+ROUNDS = 4
+HANG_AT = 2  # the worker holds this round (once per run) until the test kills the process
+UI_WAIT_MS = 60_000  # the most any single page element may take to appear (a slow, shared machine)
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run", "--disable-default-apps", "--mute-audio"]
+
+
+@dataclass
+class Stack:
+    prefect_ui: str
+    api: str
+    mlflow_ui: str
+    tracking_uri: str
+    config_path: Path  # the small run config the form points at
+    deployment_id: str
+    worker_log: Path
+
+
+def _readme_setup_commands() -> list[list[str]]:
+    """The README's step-2 `prefect work-pool create` and `prefect ... deploy` lines, as written."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Run it from Prefect"):]
+    commands = []
+    for line in section[: section.index("```", section.index("```bash") + 7)].splitlines():
+        if not line.startswith("prefect "):
+            continue
+        words = shlex.split(line.split("#", 1)[0])
+        if "work-pool" in words or "deploy" in words:
+            commands.append([w for w in words[1:] if w != "--no-prompt"])
+    assert any("deploy" in c for c in commands) and sum("work-pool" in c for c in commands) >= 2, commands
+    return commands
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("ui")
+    store = tmp / "mlflow" / "mlflow.db"
+    store.parent.mkdir()
+    uri = f"sqlite:///{store}"
+    MlflowClient(tracking_uri=uri).search_experiments()  # migrate once, before two processes share it
+    config = tmp / "run.yaml"
+    config.write_text(
+        f"home: {tmp / 'nitro-home'}\nsteps_per_actor: 128\nscaler:\n  fixed_actors: 2\nbackend:\n  workers: 2\n"
+        f"detector:\n  subset_size: 64\neval:\n  every_rounds: 2\n  episodes: 2\ntracking:\n  mlflow_uri: {uri}\n")
+    with prefect_server(tmp, ui=True) as srv, mlflow_ui(tmp, uri) as mlflow_url:
+        with deploy_leaves_no_trace():
+            for command in _readme_setup_commands():  # README step 2, exactly (issue 12, item 1)
+                prefect_cli(srv.env, *command)
+        dep = httpx.get(f"{srv.api}/deployments/name/nitro-train/local-actors", timeout=30).json()
+        log = tmp / "worker.log"
+        worker_env = dict(srv.env, MLFLOW_UI_URL=mlflow_url, NITRO_INJECT_HANG_AT_ROUND=str(HANG_AT))
+        with prefect_worker(worker_env, "nitro-local", log):
+            yield Stack(srv.ui, srv.api, mlflow_url, uri, config, dep["id"], log)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture()
+def page(browser):
+    context = browser.new_context(viewport={"width": 1600, "height": 1000})
+    context.set_default_timeout(UI_WAIT_MS)
+    page = context.new_page()
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+def _shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"))
+
+
+# -- Prefect ---------------------------------------------------------------------------------------
+
+
+def _form_field(page, name: str):
+    """One parameter of Prefect's run form: the block under the label ``<name> (Optional)``."""
+    label = page.locator("span.schema-form-property__label", has_text=re.compile(rf"^{re.escape(name)}\b"))
+    return page.locator("div.schema-form-property", has=label).first
+
+
+def _engine_processes(flow_run_id: str) -> list[tuple[int, str]]:
+    """(pid, command line) of every process of this flow run: the worker starts it with
+    PREFECT__FLOW_RUN_ID in its environment, and its children (actor workers) inherit it."""
+    found = []
+    marker = f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                found.append((int(proc.name), (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+        except OSError:
+            continue
+    return found
+
+
+def _artifacts_of(client: httpx.Client, flow_run_id: str) -> list[dict]:
+    resp = client.post("/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}})
+    resp.raise_for_status()
+    return resp.json()
+
+
+def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page):
+    # 1. the deployment: every parameter with its default and type
+    page.goto(f"{stack.prefect_ui}/deployments/deployment/{stack.deployment_id}")
+    page.locator("li.p-tab", has_text="Parameters").click()
+    row = page.locator("tr", has=page.get_by_text("steps_per_actor", exact=True))
+    expect(row).to_contain_text("512")
+    expect(row).to_contain_text("integer")
+    _shot(page, "prefect-1-deployment-parameters")
+
+    # 2. Run > Custom run, through the form
+    page.get_by_role("button", name=re.compile(r"^\s*Run\b")).click()
+    page.get_by_text("Custom run", exact=True).click()
+    expect(page.get_by_text("Gymnasium environment to train on", exact=False)).to_be_visible()
+    expect(_form_field(page, "overrides")).to_contain_text("key=value")
+    _form_field(page, "rounds").locator("input").fill(str(ROUNDS))
+    _form_field(page, "scaler").locator("button.p-select-button__control").click()
+    page.get_by_role("option", name="fixed", exact=True).click()
+    _form_field(page, "config_path").locator("input").fill(str(stack.config_path))
+    overrides = _form_field(page, "overrides")
+    overrides.get_by_role("button", name=re.compile("Add item")).click()
+    overrides.locator("input").last.fill("eval.episodes=2")
+    _shot(page, "prefect-2-custom-run-form")
+    page.get_by_role("button", name="Submit").click()
+    page.wait_for_url(re.compile(r"/runs/flow-run/[0-9a-f-]{36}"))
+    flow_run_id = re.search(r"/runs/flow-run/([0-9a-f-]{36})", page.url).group(1)
+    run_id = "run-" + flow_run_id.replace("-", "")[:12]  # flows.training.default_run_id
+
+    with httpx.Client(base_url=stack.api, timeout=30) as client:
+        fr = client.get(f"/flow_runs/{flow_run_id}").json()
+        assert fr["parameters"]["rounds"] == ROUNDS and fr["parameters"]["scaler"] == "fixed"
+        assert fr["parameters"]["overrides"] == ["eval.episodes=2"]
+        flow_run_name = fr["name"]
+
+        # the run reaches the held round: rounds 0 and 1 are done, round 2 is running
+        def holding() -> bool:
+            held = flow_runs_named(client, f"{run_id}-round-{HANG_AT}")
+            return bool(held) and held[0]["state"]["type"] == "RUNNING" and "holding round" in tail(stack.worker_log, 20000)
+
+        wait_until(holding, 420, f"round {HANG_AT} running", stack.worker_log, every_s=2)
+
+        # 3. Logs: one line per finished round, numbered from 0
+        page.reload()
+        page.locator("li.p-tab", has_text="Logs").click()
+        for k in range(HANG_AT):
+            expect(page.get_by_text(re.compile(rf"^round {k} of 0\.\.{ROUNDS - 1}: actors=2 "))).to_be_visible()
+        page.get_by_text(re.compile(rf"^round {HANG_AT - 1} of ")).scroll_into_view_if_needed()
+        _shot(page, "prefect-3-logs")
+
+        # 4. the round table, live: two rows while the run is still running
+        page.locator("li.p-tab", has_text="Artifacts").click()
+        expect(page.get_by_text(f"nitro-progress-{run_id}")).to_be_visible()
+        page.get_by_text(f"nitro-rounds-{run_id}", exact=True).click()
+        table = page.locator("table")
+        expect(table.locator("tbody tr")).to_have_count(HANG_AT)
+        expect(table).to_contain_text("eval_return_mean")
+        assert client.get(f"/flow_runs/{flow_run_id}").json()["state"]["type"] == "RUNNING"
+        _shot(page, "prefect-4-live-round-table")
+
+        # 5. the link to MLflow sits on the flow run (not a task) and opens the MLflow run
+        page.go_back()
+        page.locator("li.p-tab", has_text="Artifacts").click()
+        expect(page.get_by_text("Flow run", exact=True)).to_be_visible()
+        page.get_by_text(f"nitro-mlflow-{run_id}", exact=True).click()
+        link = page.locator(f'a[href^="{stack.mlflow_ui}/#/experiments/"][href*="/runs/"]').first
+        expect(link).to_have_text(flow_run_name)
+        _shot(page, "prefect-5-mlflow-link")
+        if link.get_attribute("target") == "_blank":
+            with page.context.expect_page() as opened:
+                link.click()
+            mlflow_page = opened.value
+        else:
+            link.click()
+            mlflow_page = page
+        expect(mlflow_page.get_by_role("heading", name=flow_run_name)).to_be_visible()
+        expect(mlflow_page.get_by_text(run_id).first).to_be_visible()
+        _shot(mlflow_page, "prefect-6-mlflow-run")
+        if mlflow_page is not page:
+            mlflow_page.close()
+
+        # 6. kill -9 in the middle of round 2 ...
+        processes = _engine_processes(flow_run_id)
+        engine = [pid for pid, cmd in processes if "prefect.engine" in cmd]
+        assert len(engine) == 1, processes
+        os.kill(engine[0], signal.SIGKILL)
+        crashed = wait_flow_run(client, flow_run_id, {"CRASHED"}, 120, stack.worker_log)
+        assert "-9" in (crashed["state"]["message"] or ""), crashed["state"]
+        for pid, _ in _engine_processes(flow_run_id):  # what the dead process left behind: ours to end
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        orphan = flow_runs_named(client, f"{run_id}-round-{HANG_AT}")
+        assert [r["state"]["type"] for r in orphan] == ["RUNNING"], "the killed round should look Running now"
+
+        # ... then the UI's Retry
+        page.goto(f"{stack.prefect_ui}/runs/flow-run/{flow_run_id}")
+        page.get_by_role("button", name=re.compile(r"^\s*Retry")).first.click()
+        page.get_by_role("dialog").get_by_role("button", name="Retry", exact=True).click()
+        done = wait_flow_run(client, flow_run_id, {"COMPLETED"}, 420, stack.worker_log)
+        assert done["run_count"] == 2
+        page.reload()
+        page.locator("li.p-tab", has_text="Subflow Runs").click()
+        expect(page.get_by_text(f"{run_id}-round-{ROUNDS - 1}").first).to_be_visible()
+        _shot(page, "prefect-7-after-retry")
+
+        # no subflow or task stays Running; the killed round is Crashed and ran again
+        rounds = {k: sorted(r["state"]["type"] for r in flow_runs_named(client, f"{run_id}-round-{k}"))
+                  for k in range(ROUNDS)}
+        assert rounds == {0: ["COMPLETED"], 1: ["COMPLETED"], HANG_AT: ["COMPLETED", "CRASHED"],
+                          3: ["COMPLETED"]}, rounds
+        running = client.post("/task_runs/filter", json={
+            "flow_runs": {"id": {"any_": [flow_run_id] + [r["id"] for k in range(ROUNDS)
+                                                          for r in flow_runs_named(client, f"{run_id}-round-{k}")]}},
+            "task_runs": {"state": {"type": {"any_": ["RUNNING", "PENDING"]}}}}).json()
+        assert running == [], [(t["name"], t["state"]["type"]) for t in running]
+        # one artifact of each kind, holding the final state
+        artifacts = _artifacts_of(client, flow_run_id)
+        assert sorted(a["key"] for a in artifacts) == sorted(
+            f"nitro-{kind}-{run_id}" for kind in ("mlflow", "progress", "rounds"))
+        assert all(a["task_run_id"] is None for a in artifacts)
+        by_kind = {a["type"]: a for a in artifacts}
+        assert by_kind["progress"]["data"] == 100
+        assert [row["round"] for row in json.loads(by_kind["table"]["data"])] == list(range(ROUNDS))
+
+    # MLflow: one run for the whole thing, named after the flow run, finished, with the policy model
+    mlflow = MlflowClient(tracking_uri=stack.tracking_uri)
+    [run] = [r for r in mlflow.search_runs([e.experiment_id for e in mlflow.search_experiments()])
+             if r.data.tags.get("nitro.run_id") == run_id]
+    assert run.info.status == "FINISHED" and run.info.run_name == flow_run_name
+    assert run.data.tags["prefect.flow_run_url"] == f"{stack.prefect_ui}/runs/flow-run/{flow_run_id}"
+    assert len(run.outputs.model_outputs) == 1
+
+
+# -- MLflow ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_finished_runs(stack: Stack) -> list[dict]:
+    """Two short runs through the deployment (seeds 0 and 1), one after the other; their MLflow runs."""
+    runs = []
+    with httpx.Client(base_url=stack.api, timeout=30) as client:
+        for seed in (0, 1):
+            params = {"rounds": 2, "scaler": "fixed", "seed": seed, "config_path": str(stack.config_path)}
+            resp = client.post(f"/deployments/{stack.deployment_id}/create_flow_run", json={"parameters": params})
+            assert resp.status_code == 201, resp.text
+            fr = wait_flow_run(client, resp.json()["id"], {"COMPLETED"}, 420, stack.worker_log)
+            runs.append(fr)
+    mlflow = MlflowClient(tracking_uri=stack.tracking_uri)
+    experiment = mlflow.get_experiment_by_name("nitro")
+    by_flow_run = {r.data.tags.get("prefect.flow_run_id"): r for r in mlflow.search_runs([experiment.experiment_id])}
+    return [{"flow_run": fr, "mlflow_run": by_flow_run[fr["id"]], "experiment_id": experiment.experiment_id}
+            for fr in runs]
+
+
+def _close_assistant(page) -> None:
+    """MLflow 3.17 opens its assistant panel next to everything; close it for room."""
+    panel = page.get_by_text("MLflow Assistant", exact=True)
+    if panel.count():
+        page.locator("div", has=panel).get_by_role("button").last.click()
+
+
+def test_mlflow_ui_headline_first_links_back_and_compares_plots(stack: Stack, two_finished_runs, page):
+    first, second = two_finished_runs
+    experiment_id = first["experiment_id"]
+    names = [r["mlflow_run"].info.run_name for r in two_finished_runs]
+    assert names == [r["flow_run"]["name"] for r in two_finished_runs]  # MLflow runs carry the flow runs' names
+
+    # 1. the run list from the experiment link: model-training mode, headline metrics as columns
+    page.goto(f"{stack.mlflow_ui}/#/experiments/{experiment_id}/runs?viewStateShareKey=nitro"
+              "&workflowType=machine_learning")
+    for name in names:
+        expect(page.get_by_role("link", name=name, exact=True)).to_be_visible()
+    _close_assistant(page)
+    expect(page.get_by_text("Model training", exact=True)).to_be_visible()
+    expect(page.get_by_text("Headline/eval_return_mean").first).to_be_attached()
+    expect(page.get_by_text("Headline/spend_total_usd").first).to_be_attached()
+    _shot(page, "mlflow-1-run-list")
+
+    # 2. the run's charts: the Headline group comes first
+    run = first["mlflow_run"]
+    page.goto(f"{stack.mlflow_ui}/#/experiments/{experiment_id}/runs/{run.info.run_id}/model-metrics"
+              "?workflowType=machine_learning")
+    sections = page.get_by_text(re.compile(r"^(Headline|ppo|Model metrics|System metrics) \(\d+\)$"))
+    expect(sections.first).to_be_visible()
+    titles = sections.all_inner_texts()
+    assert titles[0].startswith("Headline (") and any(t.startswith("ppo (") for t in titles), titles
+    expect(page.get_by_text("eval_return_mean", exact=True).first).to_be_visible()
+    _close_assistant(page)
+    _shot(page, "mlflow-2-headline-charts")
+
+    # 3. the description links back to the Prefect flow run, and the link opens it
+    page.goto(f"{stack.mlflow_ui}/#/experiments/{experiment_id}/runs/{run.info.run_id}?workflowType=machine_learning")
+    back = page.locator(f'a[href="{stack.prefect_ui}/runs/flow-run/{first["flow_run"]["id"]}"]')
+    expect(back).to_have_text(first["flow_run"]["name"])
+    back.scroll_into_view_if_needed()
+    _close_assistant(page)
+    _shot(page, "mlflow-3-prefect-link")
+    with page.context.expect_page() as opened:
+        back.click(modifiers=["Control"]) if back.get_attribute("target") != "_blank" else back.click()
+    prefect_page = opened.value
+    prefect_page.wait_for_load_state()
+    expect(prefect_page.get_by_text(first["flow_run"]["name"]).first).to_be_visible()
+    expect(prefect_page.get_by_text("Completed").first).to_be_visible()
+    prefect_page.close()
+
+    # 4. Compare: the plots are common artifacts, shown side by side
+    ids = ",".join(f'"{r["mlflow_run"].info.run_id}"' for r in two_finished_runs)
+    page.goto(f'{stack.mlflow_ui}/#/compare-runs?runs=[{ids}]&experiments=["{experiment_id}"]')
+    expect(page.get_by_text("No common artifacts to display.")).to_have_count(0)
+    node = page.locator('[data-testid="artifact-tree-node"][artifact-name="return.png"]')
+    expect(node).to_be_attached()
+    for plot in ("actors.png", "spend.png"):
+        expect(page.locator(f'[data-testid="artifact-tree-node"][artifact-name="{plot}"]')).to_be_attached()
+    _close_assistant(page)
+    node.scroll_into_view_if_needed()
+    node.dispatch_event("click")
+    previews = page.locator('img[src*="return.png"], img[src^="blob:"]')
+    expect(previews).to_have_count(2)  # one per run
+    previews.last.scroll_into_view_if_needed()
+    _shot(page, "mlflow-4-compare-plots")
