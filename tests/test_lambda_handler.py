@@ -171,20 +171,12 @@ def test_dockerfile_and_requirements():
 
 # -- the Redis side for actors: TLS and an ACL user (deployments/redis) --------------------------
 
-def _redis7() -> str | None:
-    import shutil
-    import subprocess
+def _require_redis7() -> str:
+    from nitro.cache import redis7_binary
 
-    for exe in (shutil.which("redis-server"), "/usr/bin/redis-server", "/usr/local/bin/redis-server"):
-        if not exe or not os.path.exists(exe):
-            continue
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-        try:
-            if int(out.split("v=")[1].split(".")[0]) >= 7:
-                return exe
-        except (IndexError, ValueError):
-            continue
-    return None
+    exe = redis7_binary()
+    assert exe, "no Redis 7 (per-key ACL permissions, TLS): run ./setup.sh"
+    return exe
 
 
 def _tls_files(directory: str):
@@ -221,7 +213,6 @@ def _tls_files(directory: str):
     return TLSFiles(cert_file=paths["redis.crt"], key_file=paths["redis.key"], ca_file=paths["ca.crt"])
 
 
-@pytest.mark.skipif(_redis7() is None, reason="needs redis-server >= 7 (per-key ACL permissions)")
 def test_actor_over_tls_with_the_least_privilege_acl_user(monkeypatch):
     import redis
 
@@ -230,7 +221,7 @@ def test_actor_over_tls_with_the_least_privilege_acl_user(monkeypatch):
     d = tempfile.mkdtemp(prefix="nitro-acl-")
     tls = _tls_files(d)
     actor_pw, learner_pw = "actor-password-0123456789", "learner-password-0123456789"
-    with LocalRedisServer(os.path.join(d, "data"), binary=_redis7(), password="admin-password-0123456789", tls=tls) as srv:
+    with LocalRedisServer(os.path.join(d, "data"), binary=_require_redis7(), password="admin-password-0123456789", tls=tls) as srv:
         admin = connect_redis(srv.url, password="admin-password-0123456789")
         assert apply_users(admin, actor_pw, learner_pw) == ["nitro-actor", "nitro-learner"]
         assert apply_users(admin, actor_pw, learner_pw)  # idempotent

