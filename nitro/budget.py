@@ -40,11 +40,12 @@ class LearnerBound:
     parallel: int  # invocations in flight at once (local workers, Lambda concurrency)
     timeout_s: float  # one invocation's timeout, enforced by the backend
     update_s_per_sample: float | None = None  # the slowest pre-decision part seen, per sample
+    startup_s: float = 0.0  # billed before the first invocation runs (the Lambda clock's allowances)
 
     def acting_s(self, invocations: int) -> float:
         """Worst case of the rest of a round after its decision."""
         waves = math.ceil(invocations / max(1, self.parallel))
-        return waves * self.timeout_s + TAIL_S
+        return self.startup_s + waves * self.timeout_s + TAIL_S
 
     def allowance_s(self, samples: int) -> float:
         """The next round's part before its decision (collect, update, detect), enforced."""

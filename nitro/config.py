@@ -182,6 +182,21 @@ class PriceTable(_Section):
     provisioned_duration_gb_s_arm: float = Field(0.0000077778, ge=0)
 
 
+class ClockConfig(_Section):
+    """The clock the learner is billed by (``nitro.clock``): the round as measured here, or as it
+    would have run had its invocations run at once on Lambda. The budget cap uses the same clock."""
+
+    kind: Literal["measured", "lambda"] = Field(
+        "measured", description="measured: the round's wall time here; lambda: learner-side steps as measured "
+        "plus the slowest invocation's duration and the allowances below (local actors on a few cores)")
+    fanout_s: float = Field(
+        0.05, ge=0, description="decision -> last invocation running; bench/fanout.py measured 0.03-0.05 s "
+        "up to 1000 invocations with the aiohttp invoker (docs: README 'Fan-out')")
+    cold_start_s: float = Field(
+        3.0, ge=0, le=10, description="a round with more invocations than any before starts new instances "
+        "first: an assumption for a container image that imports torch; AWS caps the init phase at 10 s")
+
+
 class TrackingConfig(_Section):
     mlflow_uri: str | None = Field(None, description="default: sqlite:///<home>/mlflow.db")
     experiment: str = "nitro"
@@ -255,6 +270,7 @@ class NitroConfig(_Section):
     backend: BackendConfig = Field(default_factory=BackendConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
     prices: PriceTable = Field(default_factory=PriceTable)
+    clock: ClockConfig = Field(default_factory=ClockConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="before")

@@ -5,7 +5,8 @@ so that it adds up to the invoices a user would get (SPEC.md "Cost model"; price
 Per round:
 
 * **learner**: ``learner_per_hour × learner_seconds / 3600`` (the round's wall time on the learner
-  instance; hand it every second of the round, detection and invocation included).
+  instance; hand it every second of the round, detection and invocation included; with
+  ``clock.kind: lambda``, the round as it would have run on Lambda, ``nitro.clock``).
 * **lambda_compute**: for each actor invocation, ``billed_ms / 1000 × memory_mb / 1024`` GB-s
   (Lambda bills duration per 1 ms, rounded up, at the configured memory; 1 GB = 1024 MB in
   Lambda's pricing) × the duration rate of the architecture. With provisioned concurrency P,
@@ -136,6 +137,7 @@ class CostLedger:
     local_actors: bool = False
     max_billed_ms: int | None = None
     provisioned_rounding_s: int = 300
+    learner_clock: str = "measured"  # what learner seconds are handed in: "measured" | "lambda" (nitro.clock)
     rounds: list[RoundCost] = field(default_factory=list)
     _provisioned_s: Decimal = Decimal(0)
 
@@ -302,6 +304,7 @@ class CostLedger:
             "cost.actor_pricing": priced,
             "cost.provisioned_concurrency": str(self.provisioned_concurrency),
             "cost.learner_per_hour": str(D(self.prices.learner_per_hour)),
+            "cost.learner_clock": self.learner_clock,
         }
         if self.local_actors:
             tags["cost.note"] = "local actors priced as if they were Lambda, from measured duration and memory"
@@ -342,4 +345,5 @@ def ledger_from_config(cfg: Any) -> CostLedger:
         provisioned_concurrency=b.lambda_.provisioned_concurrency if b.kind == "lambda" else 0,
         local_actors=b.kind == "local",
         max_billed_ms=int(math.ceil(timeout_s * 1000)),
+        learner_clock=cfg.clock.kind,
     )

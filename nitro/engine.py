@@ -30,6 +30,7 @@ import torch
 
 from nitro.actors.events import ActorEvent, ActorSummary, invocation_id, invocation_mode
 from nitro.budget import DEADLINE_SHARE, LearnerBound, decision_cost
+from nitro.clock import RoundClock
 from nitro.cache import TrajectoryCache
 from nitro.checkpoint import load_inflight, save_inflight
 from nitro.config import NitroConfig
@@ -111,7 +112,14 @@ class Trainer:
         self.failed_updates = 0  # updates in a row that could take no step
         b = config.backend
         parallel = b.lambda_.concurrency if b.kind == "lambda" else (b.workers or os.cpu_count() or 1)
-        self.bound = LearnerBound(parallel=parallel, timeout_s=self.ledger.max_billed_ms / 1000)
+        c = config.clock
+        # Lambda keeps instances warm; provisioned ones never start cold
+        self.clock = RoundClock(kind=c.kind, fanout_s=c.fanout_s, cold_start_s=c.cold_start_s,
+                                warm_instances=self.ledger.provisioned_concurrency)
+        if self.clock.projected:  # on the projected clock the invocations all run at once
+            parallel = 2**31
+        self.bound = LearnerBound(parallel=parallel, timeout_s=self.ledger.max_billed_ms / 1000,
+                                  startup_s=self.clock.startup_s())
         self._round_k: int | None = None  # the round whose start time is _round_started
         self._round_started = 0.0
         self._deadline: float | None = None  # the next update stops by then (budget runs only)
@@ -330,10 +338,11 @@ class Trainer:
         ok = [s for s in train if s.ok]
         steps = sum(s.steps for s in ok)
         self.env_steps_total += steps
+        billed_s, lambda_s = self.clock.round(round_s, actor_s, [s.duration_s for s in unique])
         cost = self.ledger.charge_round(
-            k, learner_seconds=round_s,
+            k, learner_seconds=billed_s,
             actor_billed_ms=[s.billed_ms for s in unique], n_requests=len(unique),
-            provisioned_seconds=round_s,
+            provisioned_seconds=billed_s,
         )
         interrupted = float(self.ledger.interrupted_cost(k))  # dead attempts at this round, billed on resume
         returns = [r for s in ok for r in s.episode_returns]
@@ -365,6 +374,8 @@ class Trainer:
             "actor_s": actor_s,
             "orchestration_s": 0.0,  # known once the orchestrator has timed the round: record_wall_time
             "round_s": round_s,
+            "round_lambda_s": lambda_s,  # had the invocations run at once on Lambda (nitro.clock)
+            "round_billed_s": billed_s,
         }
         for name in ("learner", "lambda_compute", "requests", "provisioned"):
             metrics[f"spend_{name}_usd"] = float(getattr(cost, name))
@@ -434,6 +445,7 @@ class Trainer:
             "failed_updates": self.failed_updates,
             "update_s_per_sample": self.bound.update_s_per_sample,
             "reserved_next_s": self.reserved_next_s,
+            "warm_instances": self.clock.warm_instances,
             "learner": dict(zip(("tensors", "meta"), self.learner.state_dict())),
             "scaler": self.scaler.state_dict(),
             "ledger": self.ledger.state_dict(),
@@ -449,6 +461,7 @@ class Trainer:
         self.failed_updates = int(state.get("failed_updates", 0))
         self.bound.update_s_per_sample = state.get("update_s_per_sample")
         self.reserved_next_s = state.get("reserved_next_s")
+        self.clock.warm_instances = int(state.get("warm_instances", self.clock.warm_instances))
         # The next update's allowance restarts now: the process that reserved it is gone.
         self._deadline = (time.perf_counter() + self.reserved_next_s * DEADLINE_SHARE
                           if self.reserved_next_s is not None else None)

@@ -34,6 +34,8 @@ The engine produces exactly these names; ``nitro.compare`` and ``nitro.plots`` r
                                          the round's spend by ledger line
     learner_s, detection_s, actor_s, orchestration_s, round_s
                                          wall seconds of the round's parts and of the whole round
+    round_lambda_s, round_billed_s       the round had its invocations run at once on Lambda
+                                         (nitro.clock) / the seconds the learner was billed for
     ppo/<name>                           PPO diagnostics (e.g. ppo/kl, ppo/clip_frac, ppo/entropy)
 
 ``log_round`` adds two things itself: the bookkeeping metric ``round`` (value = step = round
@@ -134,6 +136,8 @@ CANONICAL_METRICS: tuple[str, ...] = (
     "actor_s",
     "orchestration_s",
     "round_s",
+    "round_lambda_s",
+    "round_billed_s",
 )
 PPO_PREFIX = "ppo/"
 SENTINEL_METRIC = "round"

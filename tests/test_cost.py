@@ -183,3 +183,18 @@ def test_max_actor_cost_bounds_provisioned_invocations_too():
     assert worst == ledger.invocation_cost(1000, provisioned=True) == Decimal("1E-10")
     ledger.charge_round(0, 0, [1000])
     assert ledger.spent <= worst
+
+
+def test_lambda_projected_clock_by_hand():
+    from nitro.clock import RoundClock, lambda_round_s
+
+    # learner-side 12 - 9 = 3 s; slowest actor 4 s; fan-out 0.1 s; cold start 2 s
+    assert lambda_round_s(12.0, 9.0, [1.0, 4.0, 2.0], True, 0.1, 2.0) == pytest.approx(9.1)
+    assert lambda_round_s(12.0, 9.0, [1.0, 4.0, 2.0], False, 0.1, 2.0) == pytest.approx(7.1)
+    assert lambda_round_s(12.0, 0.0, [], True, 0.1, 2.0) == 12.0  # no actors: nothing to wait for
+    clock = RoundClock(kind="lambda", fanout_s=0.1, cold_start_s=2.0, warm_instances=2)  # 2 provisioned
+    billed = [clock.round(12.0, 9.0, [4.0] * n)[0] for n in (2, 3, 3, 1, 5)]
+    assert billed == pytest.approx([7.1, 9.1, 7.1, 7.1, 9.1])  # cold only past the warm peak (2, 3, 5)
+    measured = RoundClock(kind="measured", fanout_s=0.1, cold_start_s=2.0)
+    assert measured.round(12.0, 9.0, [4.0]) == pytest.approx((12.0, 9.1))
+    assert measured.startup_s() == 0.0 and clock.startup_s() == pytest.approx(2.1)

@@ -12,7 +12,8 @@ from nitro.actors.local import LocalActorPool
 from nitro.cache import TrajectoryCache, connect_redis
 from nitro.checkpoint import load_checkpoint, save_checkpoint
 from nitro.config import NitroConfig
-from nitro.engine import STOP_BUDGET, Trainer
+from nitro.actors.events import ActorSummary
+from nitro.engine import STOP_BUDGET, Decision, Trainer, UpdateReport
 
 
 def drive(trainer: Trainer, pool: LocalActorPool, rounds: int) -> list[dict]:
@@ -58,11 +59,13 @@ def test_nitro_scaler_rounds_vary_within_bounds(redis_url, pool):
     assert reports[-1].stop_reason == "round_limit"
 
 
-def test_budget_is_never_exceeded_and_the_run_stops_cleanly(redis_url, pool):
+@pytest.mark.parametrize("clock", ["measured", "lambda"])
+def test_budget_is_never_exceeded_and_the_run_stops_cleanly(redis_url, pool, clock):
     # Worst-case pricing: each actor may bill its 5 s timeout, the learner its bound (nitro/budget.py).
+    # On the Lambda clock the round is billed as if its actors ran at once, cold starts included.
     budget = 0.004
-    trainer = _trainer(redis_url, "eng-budget", rounds=200, budget_usd=budget, backend={"timeout_s": 5},
-                       scaler={"name": "always", "i_min": 2, "i_max": 6})
+    trainer = _trainer(redis_url, f"eng-budget-{clock}", rounds=200, budget_usd=budget, backend={"timeout_s": 5},
+                       scaler={"name": "always", "i_min": 2, "i_max": 6}, clock={"kind": clock})
     reports = drive(trainer, pool, 200)
     spent = [r.metrics["spend_total_usd"] for r in reports]
     assert reports[-1].stop_reason == STOP_BUDGET
@@ -177,3 +180,32 @@ def test_a_round_killed_in_flight_is_billed_on_resume(redis_url, pool, tmp_path)
     report = drive(c, pool, 2)[-1]
     assert report.round == 1 and report.metrics["spend_interrupted_usd"] == pytest.approx(float(entry.total))
     assert float(c.ledger.spent) == pytest.approx(sum(r["spend_round_usd"] for r in c.history))
+
+
+def test_the_lambda_clock_bills_a_hand_worked_round(redis_url):
+    """Two rounds of three actors, billed as if they had run at once on Lambda (nitro.clock):
+    learner-side 10 - 8 = 2 s, the slowest actor 2.5 s, fan-out 0.05 s, and a 3 s cold start in
+    the first round only (the second finds the three instances warm)."""
+    trainer = _trainer(redis_url, "eng-clock", clock={"kind": "lambda", "fanout_s": 0.05, "cold_start_s": 3.0})
+    assert trainer.ledger.tags()["cost.learner_clock"] == "lambda"
+    expected = []
+    for k, projected in enumerate((2.0 + 2.5 + 0.05 + 3.0, 2.0 + 2.5 + 0.05)):
+        events = trainer.actor_events(k, 3, trainer.publish_weights(k))
+        summaries = [ActorSummary(invocation_id=e.invocation_id, ok=True, duration_s=d, billed_ms=int(d * 1000))
+                     for e, d in zip(events, (1.5, 2.5, 2.0))]
+        m = trainer.end_round(k, UpdateReport(), None, Decision(3, 3, "fixed"), summaries, actor_s=8.0, round_s=10.0).metrics
+        assert m["round_s"] == 10.0
+        assert m["round_lambda_s"] == pytest.approx(projected) and m["round_billed_s"] == pytest.approx(projected)
+        learner_usd = 0.68 * projected / 3600  # c5.4xlarge at $0.68/h
+        assert m["spend_learner_usd"] == pytest.approx(learner_usd, rel=1e-12)
+        gb_s = 6.0 * 1024 / 1024  # 1.5 + 2.5 + 2.0 s at 1024 MB
+        expected.append(learner_usd + gb_s * 0.0000166667 + 3 * 0.20 / 1e6)
+        assert m["spend_round_usd"] == pytest.approx(expected[-1], rel=1e-9)
+    assert trainer.clock.warm_instances == 3
+
+    measured = _trainer(redis_url, "eng-clock-measured")
+    events = measured.actor_events(0, 3, measured.publish_weights(0))
+    summaries = [ActorSummary(invocation_id=e.invocation_id, ok=True, duration_s=2.5, billed_ms=2500) for e in events]
+    m = measured.end_round(0, UpdateReport(), None, Decision(3, 3, "fixed"), summaries, actor_s=8.0, round_s=10.0).metrics
+    assert m["round_billed_s"] == 10.0 and m["round_lambda_s"] == pytest.approx(2.0 + 2.5 + 0.05 + 3.0)
+    assert m["spend_learner_usd"] == pytest.approx(0.68 * 10.0 / 3600, rel=1e-12)

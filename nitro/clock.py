@@ -1,0 +1,63 @@
+"""The clock the learner is billed by: the round as measured here, or as it would have run on Lambda.
+
+The learner instance is billed by wall time (``nitro.cost``). With local actors that wall time
+says more about this machine than about the setting Nitro is for: on 2 cores, 64 actors run two
+at a time, so a boosted round takes 32x the acting time that Lambda, where they run at once,
+would take. ``clock.kind: lambda`` bills the learner (and sizes the budget cap's reservation) for
+the round it would have had if the round's invocations had run at once on Lambda:
+
+    projected_s = (round_s - actor_s)               the learner-side steps, as measured
+                + max(actor durations)              the slowest invocation's own duration
+                + fanout_s                          decision -> last invocation running
+                + cold_start_s  (if cold)           new function instances start first
+
+A round is *cold* when it invokes more functions than any earlier round of the run: Lambda keeps
+an idle instance for minutes, and rounds are seconds apart, so earlier peaks stay warm and only
+the instances beyond them start cold (all at once, so the allowance is paid once per round). The
+first round is always cold. Instances reclaimed during a long pause (a resumed run) are not
+modelled. Both figures are logged every round (``round_s`` and ``round_lambda_s``) whichever
+clock bills; the run is tagged with the clock it was billed by.
+
+The allowances' defaults and where they come from are in ``nitro.config.ClockConfig``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+def lambda_round_s(round_s: float, actor_s: float, actor_durations_s: Sequence[float], cold: bool,
+                   fanout_s: float, cold_start_s: float) -> float:
+    """Round seconds had its invocations run at once on Lambda (see the module docstring)."""
+    learner_side = max(0.0, round_s - actor_s)
+    if not actor_durations_s:
+        return learner_side
+    return learner_side + max(actor_durations_s) + fanout_s + (cold_start_s if cold else 0.0)
+
+
+@dataclass
+class RoundClock:
+    """Which clock bills the learner, and the warm-instance count the Lambda projection keeps."""
+
+    kind: str = "measured"  # "measured" | "lambda"
+    fanout_s: float = 0.0
+    cold_start_s: float = 0.0
+    warm_instances: int = 0  # the most invocations any earlier round made
+
+    @property
+    def projected(self) -> bool:
+        return self.kind == "lambda"
+
+    def round(self, round_s: float, actor_s: float, actor_durations_s: Sequence[float]) -> tuple[float, float]:
+        """(the seconds billed to the learner, the Lambda-projected seconds) of one round; updates
+        the warm instances."""
+        n = len(actor_durations_s)
+        cold = n > self.warm_instances
+        projected = lambda_round_s(round_s, actor_s, actor_durations_s, cold, self.fanout_s, self.cold_start_s)
+        self.warm_instances = max(self.warm_instances, n)
+        return (projected if self.projected else round_s), projected
+
+    def startup_s(self) -> float:
+        """What the budget cap adds to a round's acting time on this clock (worst case: cold)."""
+        return self.fanout_s + self.cold_start_s if self.projected else 0.0
