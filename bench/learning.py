@@ -112,6 +112,19 @@ def summarize(runs: list[dict], key: str) -> list[dict]:
     return out
 
 
+def write_report(report: dict, out) -> None:
+    """Write ``report``, keeping the envs of an earlier run of the same protocol that this one did
+    not run (so Hopper and Walker2d can be run one invocation at a time)."""
+    report = {**report, "load_average_after": os.getloadavg(), "machine": machine()}
+    if out.exists():
+        old = json.loads(out.read_text())
+        same = all(old.get(k) == report[k] for k in ("algo", "actors", "steps_per_round", "rounds", "overrides"))
+        if same:
+            report["envs"] = {**{k: v for k, v in old.get("envs", {}).items() if k not in report["envs"]},
+                              **report["envs"]}
+    out.write_text(json.dumps(report, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algo", default="ppo")
@@ -135,6 +148,7 @@ def main() -> None:
     report: dict = {"algo": args.algo, "actors": args.actors, "steps_per_round": steps_per_round,
                     "rounds": args.rounds, "eval_every": args.eval_every, "eval_episodes": EVAL_EPISODES,
                     "overrides": args.overrides, "load_average_before": load_before, "envs": {}}
+    out = RESULTS / f"learning_{args.algo}.json"
     for env_id in args.envs.split(","):
         nitro_runs, sb3_runs = [], []
         for seed in (int(s) for s in args.seeds.split(",")):
@@ -160,10 +174,7 @@ def main() -> None:
                                 "stochastic": summarize(runs, "stochastic"),
                                 "wall_s_mean": round(wall, 1), "env_steps_per_s": round(steps / wall, 1)})
         report["envs"][env_id] = entry
-    report["load_average_after"] = os.getloadavg()
-    report["machine"] = machine()
-    out = RESULTS / f"learning_{args.algo}.json"
-    out.write_text(json.dumps(report, indent=1))
+        write_report(report, out)  # after each env: a long run keeps what it has
     for env_id, entry in report["envs"].items():
         for name in ("nitro", "sb3"):
             if "deterministic" not in entry[name]:
@@ -173,7 +184,7 @@ def main() -> None:
                               for d, s in zip(det, sto) if d["trained_steps"])
             print(f"{env_id:12s} {name:5s} eval return (deterministic / stochastic, mean ± 95% CI): {cells}; "
                   f"{entry[name]['wall_s_mean']:.0f} s per run, {entry[name]['env_steps_per_s']:.0f} env steps/s")
-    print(f"load average before {load_before}, after {report['load_average_after']}; wrote {out}")
+    print(f"load average before {load_before}, after {os.getloadavg()}; wrote {out}")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Callable
 
 from nitro.cost import CostLedger
 
@@ -33,6 +34,10 @@ PRIOR_UPDATE_S_PER_SAMPLE = 0.005  # before the first update is timed (PPO 2x256
 DEADLINE_SHARE = 0.8  # the update's deadline: this share of the allowance; the rest covers its last step
 
 
+def no_startup(invocations: int) -> float:
+    return 0.0
+
+
 @dataclass
 class LearnerBound:
     """The learner seconds one decision reserves, and the next round's deadline."""
@@ -40,12 +45,12 @@ class LearnerBound:
     parallel: int  # invocations in flight at once (local workers, Lambda concurrency)
     timeout_s: float  # one invocation's timeout, enforced by the backend
     update_s_per_sample: float | None = None  # the slowest pre-decision part seen, per sample
-    startup_s: float = 0.0  # billed before the first invocation runs (the Lambda clock's allowances)
+    startup_s: Callable[[int], float] = no_startup  # before the invocations run (the Lambda clock's allowances)
 
     def acting_s(self, invocations: int) -> float:
         """Worst case of the rest of a round after its decision."""
         waves = math.ceil(invocations / max(1, self.parallel))
-        return self.startup_s + waves * self.timeout_s + TAIL_S
+        return self.startup_s(invocations) + waves * self.timeout_s + TAIL_S
 
     def allowance_s(self, samples: int) -> float:
         """The next round's part before its decision (collect, update, detect), enforced."""

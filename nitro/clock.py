@@ -7,8 +7,9 @@ would take. ``clock.kind: lambda`` bills the learner (and sizes the budget cap's
 the round it would have had if the round's invocations had run at once on Lambda:
 
     projected_s = (round_s - actor_s)               the learner-side steps, as measured
+                + n x dispatch_s_per_invocation     the client puts n requests on the wire
+                + invoke_s                          one request's trip and Lambda's invoke overhead
                 + max(actor durations)              the slowest invocation's own duration
-                + fanout_s                          decision -> last invocation running
                 + cold_start_s  (if cold)           new function instances start first
 
 A round is *cold* when it invokes more functions than any earlier round of the run: Lambda keeps
@@ -28,12 +29,14 @@ from typing import Sequence
 
 
 def lambda_round_s(round_s: float, actor_s: float, actor_durations_s: Sequence[float], cold: bool,
-                   fanout_s: float, cold_start_s: float) -> float:
+                   dispatch_s_per_invocation: float, invoke_s: float, cold_start_s: float) -> float:
     """Round seconds had its invocations run at once on Lambda (see the module docstring)."""
     learner_side = max(0.0, round_s - actor_s)
-    if not actor_durations_s:
+    n = len(actor_durations_s)
+    if not n:
         return learner_side
-    return learner_side + max(actor_durations_s) + fanout_s + (cold_start_s if cold else 0.0)
+    return learner_side + n * dispatch_s_per_invocation + invoke_s + max(actor_durations_s) + \
+        (cold_start_s if cold else 0.0)
 
 
 @dataclass
@@ -41,7 +44,8 @@ class RoundClock:
     """Which clock bills the learner, and the warm-instance count the Lambda projection keeps."""
 
     kind: str = "measured"  # "measured" | "lambda"
-    fanout_s: float = 0.0
+    dispatch_s_per_invocation: float = 0.0
+    invoke_s: float = 0.0
     cold_start_s: float = 0.0
     warm_instances: int = 0  # the most invocations any earlier round made
 
@@ -54,10 +58,13 @@ class RoundClock:
         the warm instances."""
         n = len(actor_durations_s)
         cold = n > self.warm_instances
-        projected = lambda_round_s(round_s, actor_s, actor_durations_s, cold, self.fanout_s, self.cold_start_s)
+        projected = lambda_round_s(round_s, actor_s, actor_durations_s, cold, self.dispatch_s_per_invocation,
+                                   self.invoke_s, self.cold_start_s)
         self.warm_instances = max(self.warm_instances, n)
         return (projected if self.projected else round_s), projected
 
-    def startup_s(self) -> float:
+    def startup_s(self, invocations: int) -> float:
         """What the budget cap adds to a round's acting time on this clock (worst case: cold)."""
-        return self.fanout_s + self.cold_start_s if self.projected else 0.0
+        if not self.projected:
+            return 0.0
+        return invocations * self.dispatch_s_per_invocation + self.invoke_s + self.cold_start_s

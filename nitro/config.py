@@ -189,9 +189,12 @@ class ClockConfig(_Section):
     kind: Literal["measured", "lambda"] = Field(
         "measured", description="measured: the round's wall time here; lambda: learner-side steps as measured "
         "plus the slowest invocation's duration and the allowances below (local actors on a few cores)")
-    fanout_s: float = Field(
-        0.05, ge=0, description="decision -> last invocation running; bench/fanout.py measured 0.03-0.05 s "
-        "up to 1000 invocations with the aiohttp invoker (docs: README 'Fan-out')")
+    dispatch_s_per_invocation: float = Field(
+        0.0003, ge=0, description="client time to put one more Invoke request on the wire: bench/fanout.py "
+        "measured 0.29 s for 1000 (aiohttp invoker, 2-core client)")
+    invoke_s: float = Field(
+        0.05, ge=0, description="one request's trip to Lambda and its invoke overhead before the handler "
+        "runs: an assumption (same-region round trip plus the service's own latency)")
     cold_start_s: float = Field(
         3.0, ge=0, le=10, description="a round with more invocations than any before starts new instances "
         "first: an assumption for a container image that imports torch; AWS caps the init phase at 10 s")

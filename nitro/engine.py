@@ -114,12 +114,13 @@ class Trainer:
         parallel = b.lambda_.concurrency if b.kind == "lambda" else (b.workers or os.cpu_count() or 1)
         c = config.clock
         # Lambda keeps instances warm; provisioned ones never start cold
-        self.clock = RoundClock(kind=c.kind, fanout_s=c.fanout_s, cold_start_s=c.cold_start_s,
+        self.clock = RoundClock(kind=c.kind, dispatch_s_per_invocation=c.dispatch_s_per_invocation,
+                                invoke_s=c.invoke_s, cold_start_s=c.cold_start_s,
                                 warm_instances=self.ledger.provisioned_concurrency)
         if self.clock.projected:  # on the projected clock the invocations all run at once
             parallel = 2**31
         self.bound = LearnerBound(parallel=parallel, timeout_s=self.ledger.max_billed_ms / 1000,
-                                  startup_s=self.clock.startup_s())
+                                  startup_s=self.clock.startup_s)
         self._round_k: int | None = None  # the round whose start time is _round_started
         self._round_started = 0.0
         self._deadline: float | None = None  # the next update stops by then (budget runs only)

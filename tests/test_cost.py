@@ -188,13 +188,14 @@ def test_max_actor_cost_bounds_provisioned_invocations_too():
 def test_lambda_projected_clock_by_hand():
     from nitro.clock import RoundClock, lambda_round_s
 
-    # learner-side 12 - 9 = 3 s; slowest actor 4 s; fan-out 0.1 s; cold start 2 s
-    assert lambda_round_s(12.0, 9.0, [1.0, 4.0, 2.0], True, 0.1, 2.0) == pytest.approx(9.1)
-    assert lambda_round_s(12.0, 9.0, [1.0, 4.0, 2.0], False, 0.1, 2.0) == pytest.approx(7.1)
-    assert lambda_round_s(12.0, 0.0, [], True, 0.1, 2.0) == 12.0  # no actors: nothing to wait for
-    clock = RoundClock(kind="lambda", fanout_s=0.1, cold_start_s=2.0, warm_instances=2)  # 2 provisioned
+    # learner-side 12 - 9 = 3 s; 3 requests x 0.01 s on the wire; 0.1 s invoke; slowest actor 4 s; cold start 2 s
+    assert lambda_round_s(12.0, 9.0, [1.0, 4.0, 2.0], True, 0.01, 0.1, 2.0) == pytest.approx(9.13)
+    assert lambda_round_s(12.0, 9.0, [1.0, 4.0, 2.0], False, 0.01, 0.1, 2.0) == pytest.approx(7.13)
+    assert lambda_round_s(12.0, 0.0, [], True, 0.01, 0.1, 2.0) == 12.0  # no actors: nothing to wait for
+    clock = RoundClock(kind="lambda", dispatch_s_per_invocation=0.01, invoke_s=0.1, cold_start_s=2.0,
+                       warm_instances=2)  # 2 provisioned instances never start cold
     billed = [clock.round(12.0, 9.0, [4.0] * n)[0] for n in (2, 3, 3, 1, 5)]
-    assert billed == pytest.approx([7.1, 9.1, 7.1, 7.1, 9.1])  # cold only past the warm peak (2, 3, 5)
-    measured = RoundClock(kind="measured", fanout_s=0.1, cold_start_s=2.0)
-    assert measured.round(12.0, 9.0, [4.0]) == pytest.approx((12.0, 9.1))
-    assert measured.startup_s() == 0.0 and clock.startup_s() == pytest.approx(2.1)
+    assert billed == pytest.approx([7.12, 9.13, 7.13, 7.11, 9.15])  # cold only past the warm peak (2, 3, 5)
+    measured = RoundClock(kind="measured", dispatch_s_per_invocation=0.01, invoke_s=0.1, cold_start_s=2.0)
+    assert measured.round(12.0, 9.0, [4.0]) == pytest.approx((12.0, 9.11))
+    assert measured.startup_s(10) == 0.0 and clock.startup_s(10) == pytest.approx(2.2)

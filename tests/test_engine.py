@@ -184,12 +184,13 @@ def test_a_round_killed_in_flight_is_billed_on_resume(redis_url, pool, tmp_path)
 
 def test_the_lambda_clock_bills_a_hand_worked_round(redis_url):
     """Two rounds of three actors, billed as if they had run at once on Lambda (nitro.clock):
-    learner-side 10 - 8 = 2 s, the slowest actor 2.5 s, fan-out 0.05 s, and a 3 s cold start in
-    the first round only (the second finds the three instances warm)."""
-    trainer = _trainer(redis_url, "eng-clock", clock={"kind": "lambda", "fanout_s": 0.05, "cold_start_s": 3.0})
+    learner-side 10 - 8 = 2 s, 3 x 0.01 s to dispatch, 0.05 s invoke, the slowest actor 2.5 s, and
+    a 3 s cold start in the first round only (the second finds the three instances warm)."""
+    trainer = _trainer(redis_url, "eng-clock", clock={"kind": "lambda", "dispatch_s_per_invocation": 0.01,
+                                                      "invoke_s": 0.05, "cold_start_s": 3.0})
     assert trainer.ledger.tags()["cost.learner_clock"] == "lambda"
     expected = []
-    for k, projected in enumerate((2.0 + 2.5 + 0.05 + 3.0, 2.0 + 2.5 + 0.05)):
+    for k, projected in enumerate((2.0 + 0.03 + 0.05 + 2.5 + 3.0, 2.0 + 0.03 + 0.05 + 2.5)):
         events = trainer.actor_events(k, 3, trainer.publish_weights(k))
         summaries = [ActorSummary(invocation_id=e.invocation_id, ok=True, duration_s=d, billed_ms=int(d * 1000))
                      for e, d in zip(events, (1.5, 2.5, 2.0))]
@@ -207,5 +208,6 @@ def test_the_lambda_clock_bills_a_hand_worked_round(redis_url):
     events = measured.actor_events(0, 3, measured.publish_weights(0))
     summaries = [ActorSummary(invocation_id=e.invocation_id, ok=True, duration_s=2.5, billed_ms=2500) for e in events]
     m = measured.end_round(0, UpdateReport(), None, Decision(3, 3, "fixed"), summaries, actor_s=8.0, round_s=10.0).metrics
-    assert m["round_billed_s"] == 10.0 and m["round_lambda_s"] == pytest.approx(2.0 + 2.5 + 0.05 + 3.0)
+    # the defaults: 0.3 ms per request, 0.05 s invoke, 3 s cold start
+    assert m["round_billed_s"] == 10.0 and m["round_lambda_s"] == pytest.approx(2.0 + 3 * 0.0003 + 0.05 + 2.5 + 3.0)
     assert m["spend_learner_usd"] == pytest.approx(0.68 * 10.0 / 3600, rel=1e-12)
