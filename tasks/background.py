@@ -1,10 +1,11 @@
 """Bookkeeping that the next round does not wait for: one ordered background lane per run.
 
 Why: after each round, ``record-round`` logged the round to MLflow (a ``log_batch`` on SQLite, plus
-a tag per dropped batch) and updated the run's two Prefect artifacts (two API round trips) before
-the next round could start: 40 to 200 ms a round, several percent of a short one
-(bench/orchestration_overhead.py). Nothing in the next round needs them. The checkpoint is not
-sent here: it must be on disk before the next round deletes the trajectories it consumed.
+a tag per dropped batch) before the next round could start: 40 to 200 ms a round, several percent
+of a short one (bench/orchestration_overhead.py). Nothing in the next round needs it. Not sent
+here: the checkpoint (it must be on disk before the next round deletes the trajectories it
+consumed) and the Prefect artifacts (written in the background they raced the next round's
+subflow start for the Prefect server's database, which then waited ~2 s in one round of two).
 
 * One thread per run, so a run's writes keep their order (round k is logged before round k+1).
 * Each job runs in a copy of the submitter's context, so Prefect's flow-run context (which run an

@@ -64,7 +64,10 @@ def record_round(run_id: str, report: RoundReport, round_wall_s: float) -> Round
     save_checkpoint(ctx.config.home, run_id, k, ctx.trainer.state_dict())
     log.info(round_line(report, ctx.config.rounds))
     notify_round(run_id, report)
-    background.submit(run_id, _publish_live_state, ctx)
+    # In line, not in the background lane: two artifact writes racing the next round's subflow
+    # start for the Prefect server's database made that start wait ~2 s in one round of two;
+    # in line they cost two API calls (25-40 ms) and never overlap it (bench/orchestration_overhead.py).
+    _publish_live_state(ctx)
     return report
 
 
