@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from nitro.config import ClockConfig
+
 
 def lambda_round_s(round_s: float, actor_s: float, actor_durations_s: Sequence[float], cold: bool,
                    dispatch_s_per_invocation: float, invoke_s: float, cold_start_s: float) -> float:
@@ -41,25 +43,23 @@ def lambda_round_s(round_s: float, actor_s: float, actor_durations_s: Sequence[f
 
 @dataclass
 class RoundClock:
-    """Which clock bills the learner, and the warm-instance count the Lambda projection keeps."""
+    """Which clock bills the learner (``config``), and the warm-instance count the Lambda
+    projection keeps."""
 
-    kind: str = "measured"  # "measured" | "lambda"
-    dispatch_s_per_invocation: float = 0.0
-    invoke_s: float = 0.0
-    cold_start_s: float = 0.0
-    warm_instances: int = 0  # the most invocations any earlier round made
+    config: ClockConfig
+    warm_instances: int = 0  # the most invocations any earlier round made (or the provisioned ones)
 
     @property
     def projected(self) -> bool:
-        return self.kind == "lambda"
+        return self.config.kind == "lambda"
 
     def round(self, round_s: float, actor_s: float, actor_durations_s: Sequence[float]) -> tuple[float, float]:
         """(the seconds billed to the learner, the Lambda-projected seconds) of one round; updates
         the warm instances."""
-        n = len(actor_durations_s)
+        c, n = self.config, len(actor_durations_s)
         cold = n > self.warm_instances
-        projected = lambda_round_s(round_s, actor_s, actor_durations_s, cold, self.dispatch_s_per_invocation,
-                                   self.invoke_s, self.cold_start_s)
+        projected = lambda_round_s(round_s, actor_s, actor_durations_s, cold, c.dispatch_s_per_invocation,
+                                   c.invoke_s, c.cold_start_s)
         self.warm_instances = max(self.warm_instances, n)
         return (projected if self.projected else round_s), projected
 
@@ -67,4 +67,5 @@ class RoundClock:
         """What the budget cap adds to a round's acting time on this clock (worst case: cold)."""
         if not self.projected:
             return 0.0
-        return invocations * self.dispatch_s_per_invocation + self.invoke_s + self.cold_start_s
+        c = self.config
+        return invocations * c.dispatch_s_per_invocation + c.invoke_s + c.cold_start_s

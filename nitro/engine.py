@@ -112,11 +112,8 @@ class Trainer:
         self.failed_updates = 0  # updates in a row that could take no step
         b = config.backend
         parallel = b.lambda_.concurrency if b.kind == "lambda" else (b.workers or os.cpu_count() or 1)
-        c = config.clock
         # Lambda keeps instances warm; provisioned ones never start cold
-        self.clock = RoundClock(kind=c.kind, dispatch_s_per_invocation=c.dispatch_s_per_invocation,
-                                invoke_s=c.invoke_s, cold_start_s=c.cold_start_s,
-                                warm_instances=self.ledger.provisioned_concurrency)
+        self.clock = RoundClock(config.clock, warm_instances=self.ledger.provisioned_concurrency)
         if self.clock.projected:  # on the projected clock the invocations all run at once
             parallel = 2**31
         self.bound = LearnerBound(parallel=parallel, timeout_s=self.ledger.max_billed_ms / 1000,

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from nitro.config import NitroConfig, PriceTable
+from nitro.config import ClockConfig, NitroConfig, PriceTable
 from nitro.cost import CostLedger, ledger_from_config, to_cents
 from nitro.scalers import cap_by_budget
 
@@ -192,10 +192,10 @@ def test_lambda_projected_clock_by_hand():
     assert lambda_round_s(12.0, 9.0, [1.0, 4.0, 2.0], True, 0.01, 0.1, 2.0) == pytest.approx(9.13)
     assert lambda_round_s(12.0, 9.0, [1.0, 4.0, 2.0], False, 0.01, 0.1, 2.0) == pytest.approx(7.13)
     assert lambda_round_s(12.0, 0.0, [], True, 0.01, 0.1, 2.0) == 12.0  # no actors: nothing to wait for
-    clock = RoundClock(kind="lambda", dispatch_s_per_invocation=0.01, invoke_s=0.1, cold_start_s=2.0,
-                       warm_instances=2)  # 2 provisioned instances never start cold
+    allowances = {"dispatch_s_per_invocation": 0.01, "invoke_s": 0.1, "cold_start_s": 2.0}
+    clock = RoundClock(ClockConfig(kind="lambda", **allowances), warm_instances=2)  # 2 provisioned: never cold
     billed = [clock.round(12.0, 9.0, [4.0] * n)[0] for n in (2, 3, 3, 1, 5)]
     assert billed == pytest.approx([7.12, 9.13, 7.13, 7.11, 9.15])  # cold only past the warm peak (2, 3, 5)
-    measured = RoundClock(kind="measured", dispatch_s_per_invocation=0.01, invoke_s=0.1, cold_start_s=2.0)
+    measured = RoundClock(ClockConfig(kind="measured", **allowances))
     assert measured.round(12.0, 9.0, [4.0]) == pytest.approx((12.0, 9.11))
     assert measured.startup_s(10) == 0.0 and clock.startup_s(10) == pytest.approx(2.2)

@@ -27,7 +27,6 @@ import re
 import shlex
 import shutil
 import signal
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -292,14 +291,14 @@ def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page):
         # Task-run states reach the server as events that its task-run recorder writes in batches,
         # so the last tasks' final states may land a few seconds after the flow run's own.
         flow_ids = [flow_run_id] + [r["id"] for k in range(ROUNDS) for r in flow_runs_named(client, f"{run_id}-round-{k}")]
-        deadline = time.monotonic() + 60
-        while True:
-            running = client.post("/task_runs/filter", json={
+
+        def unfinished_task_runs() -> list[dict]:
+            return client.post("/task_runs/filter", json={
                 "flow_runs": {"id": {"any_": flow_ids}},
                 "task_runs": {"state": {"type": {"any_": ["RUNNING", "PENDING"]}}}}).json()
-            if not running or time.monotonic() > deadline:
-                break
-            time.sleep(1)
+
+        wait_until(lambda: not unfinished_task_runs(), 60, "every task run leaves RUNNING/PENDING", stack.worker_log)
+        running = unfinished_task_runs()
         assert running == [], [(t["name"], t["state"]["type"]) for t in running]
         # one artifact of each kind, holding the final state
         artifacts = _artifacts_of(client, flow_run_id)
