@@ -122,6 +122,7 @@ class Trainer:
         self._round_started = 0.0
         self._deadline: float | None = None  # the next update stops by then (budget runs only)
         self.reserved_next_s: float | None = None  # the allowance the last decision made for the next update
+        self.final_eval_round: int | None = None  # a budget run's last round, which only evaluates
 
     # -- step 1 --------------------------------------------------------------------------
 
@@ -200,6 +201,11 @@ class Trainer:
             n = self._cap_by_budget(k, wanted, remaining, update)
             if n < wanted:
                 reason = f"{reason}, capped by budget (${float(remaining):.4f} left)"
+            if n == 0 and self.config.eval.every_rounds > 0 and remaining >= self.final_eval_reserve():
+                # The kept reserve pays this last round's evaluation: the run ends on a score of
+                # the policy it trained last, not on whichever round happened to evaluate before.
+                self.final_eval_round = k
+                reason = f"budget spent: a final evaluation (${float(remaining):.4f} left)"
         return Decision(n_actors=n, wanted=wanted, reason=reason, score=self.scaler.last.get("score"))
 
     def _cap_by_budget(self, k: int, wanted: int, remaining: Decimal, update: UpdateReport | None) -> int:
@@ -219,7 +225,7 @@ class Trainer:
         def cost(n: int) -> Decimal:
             return decision_cost(self.ledger, self.bound, elapsed, invocations(n), n * self.config.steps_per_actor)
 
-        n = largest_affordable(wanted, remaining, cost, min_actors=1)
+        n = largest_affordable(wanted, remaining - self.final_eval_reserve(), cost, min_actors=1)
         next_samples = n * self.config.steps_per_actor
         self._deadline = now + self.bound.deadline_after_s(invocations(n), next_samples) if n else None
         self.reserved_next_s = self.bound.allowance_s(next_samples) if n else None
@@ -253,7 +259,7 @@ class Trainer:
                        episode_key=self.open_episodes[i] if i < len(self.open_episodes) else None, **common)
             for i in range(n)
         ]
-        if n and self.is_eval_round(k):
+        if (n or k == self.final_eval_round) and self.is_eval_round(k):
             ev = self.config.eval
             max_steps = ev.max_steps or self.spec.max_episode_steps or 27_000
             for m, mode in enumerate(("eval_deterministic", "eval_stochastic")):
@@ -265,9 +271,17 @@ class Trainer:
         return events
 
     def is_eval_round(self, k: int) -> bool:
-        """Evaluate every ``eval.every_rounds`` rounds from round 0, and in the last round."""
+        """Evaluate every ``eval.every_rounds`` rounds from round 0, and in the last round (the
+        round limit's, or a budget run's final evaluation)."""
         every = self.config.eval.every_rounds
-        return every > 0 and (k % every == 0 or k == self.config.rounds - 1)
+        return every > 0 and (k % every == 0 or k == self.config.rounds - 1 or k == self.final_eval_round)
+
+    def final_eval_reserve(self) -> Decimal:
+        """What a budget run keeps back for its final evaluation: its invocations at their
+        timeout-bounded worst case and the learner's time while they run (``decide``)."""
+        if self.config.eval.every_rounds <= 0:
+            return Decimal(0)
+        return decision_cost(self.ledger, self.bound, 0.0, 2 * self.config.eval.episodes, 0)
 
     def eval_invocations(self, k: int) -> int:
         return 2 * self.config.eval.episodes if self.is_eval_round(k) else 0

@@ -63,15 +63,20 @@ def test_nitro_scaler_rounds_vary_within_bounds(redis_url, pool):
 def test_budget_is_never_exceeded_and_the_run_stops_cleanly(redis_url, pool, clock):
     # Worst-case pricing: each actor may bill its 5 s timeout, the learner its bound (nitro/budget.py).
     # On the Lambda clock the round is billed as if its actors ran at once, cold starts included.
-    budget = 0.004
+    budget = 0.008
     trainer = _trainer(redis_url, f"eng-budget-{clock}", rounds=200, budget_usd=budget, backend={"timeout_s": 5},
-                       scaler={"name": "always", "i_min": 2, "i_max": 6}, clock={"kind": clock})
+                       scaler={"name": "always", "i_min": 2, "i_max": 6}, clock={"kind": clock}, eval={"episodes": 2})
     reports = drive(trainer, pool, 200)
     spent = [r.metrics["spend_total_usd"] for r in reports]
     assert reports[-1].stop_reason == STOP_BUDGET
     assert len(reports) < 200
     assert max(spent) <= budget
     assert spent == sorted(spent)
+    # The run ends on an evaluation of its last policy, paid from the reserve it kept for it.
+    last = reports[-1].metrics
+    assert last["actors_launched"] == 0 and last["eval_invocations"] == 2 * trainer.config.eval.episodes
+    assert last["eval_episodes"] == trainer.config.eval.episodes and not math.isnan(last["eval_return_mean"])
+    assert trainer.final_return()[0] == reports[-1].round
     assert float(trainer.ledger.spent) == pytest.approx(sum(r.metrics["spend_round_usd"] for r in reports))
 
 
@@ -109,7 +114,7 @@ def test_a_slow_first_update_stays_within_the_budget(redis_url, pool):
     reserves the next update's allowance, which the update's deadline enforces (the property test
     in test_scalers.py covers every timing; this runs the real engine)."""
     budget = 0.005  # about 26 s of learner time at the default $0.68/h
-    trainer = _trainer(redis_url, "eng-slow", rounds=50, budget_usd=budget, backend={"timeout_s": 2},
+    trainer = _trainer(redis_url, "eng-slow", rounds=1000, budget_usd=budget, backend={"timeout_s": 2},
                        eval={"every_rounds": 0}, scaler={"name": "fixed", "fixed_actors": 2, "i_min": 2, "i_max": 6})
     update = trainer.learner.update
 
@@ -119,7 +124,7 @@ def test_a_slow_first_update_stays_within_the_budget(redis_url, pool):
         return update(batches)
 
     trainer.learner.update = slow_first
-    reports = drive(trainer, pool, 50)
+    reports = drive(trainer, pool, 1000)  # the budget stops it long before: a round takes well over 0.03 s
     assert reports[-1].stop_reason == STOP_BUDGET and len(reports) >= 2
     assert float(trainer.ledger.spent) <= budget
     assert reports[1].metrics["learner_s"] >= 4.0
