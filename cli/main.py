@@ -4,6 +4,8 @@
     nitro resume RUN_ID [--home DIR]                             continue a failed run
     nitro runs [--home DIR]                                      the runs under a home, with resume commands
     nitro compare [--experiment NAME] [--tag key=value ...]      table of runs from MLflow
+    nitro experiment SPEC [key=value ...]                        a matrix of runs and its report
+    nitro probe SPEC [key=value ...]                             does R predict when boosting pays?
     nitro config [-c config.yaml] [key=value ...]                print the validated config
     nitro profile-actor [-c config.yaml] --memory 512,1024,...   pick the cheapest actor memory
     nitro deploy-lambda [...]                                    create/update the Lambda actor
@@ -162,6 +164,12 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
     return cmd_experiment(args)
 
 
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from cli.probe import cmd_probe
+
+    return cmd_probe(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nitro", description="Distributed RL with serverless actors and boosting.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -200,6 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failing cell")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every cell, e.g. home=/data")
     p.set_defaults(func=_cmd_experiment)
+
+    p = sub.add_parser("probe", help="fork a run at chosen rounds into plain and boosted arms: does R predict the gain?")
+    p.add_argument("spec", help="probe spec YAML (see examples/probe_hopper.yaml)")
+    p.add_argument("--report-dir", default=None, help="default: the spec's report_dir, else docs/results/<name>")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every run, e.g. home=/data")
+    p.set_defaults(func=_cmd_probe)
 
     p = sub.add_parser("config", help="print the validated config")
     p.add_argument("-c", "--config")

@@ -27,7 +27,6 @@ from prefect import flow, runtime
 from prefect.artifacts import acreate_link_artifact, acreate_markdown_artifact
 
 from nitro.experiments import (
-    Cell,
     ExperimentSpec,
     build_report,
     cell_config,
@@ -62,18 +61,31 @@ def _slug(text: str) -> str:
 
 def ensure_parent_run(tracker: RunTracker, spec: ExperimentSpec, flow_run_id: str | None) -> str:
     """The experiment's parent MLflow run: found by tag, else created (MlflowClient only)."""
+    import yaml
+
+    return parent_run(tracker, TAG_PARENT, spec.name, f"experiment-{spec.name}", flow_run_id,
+                      spec_yaml=yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False),
+                      params={"compare": spec.compare,
+                              "budget_usd" if spec.compare == "budget" else "rounds":
+                                  spec.budget_usd if spec.compare == "budget" else spec.rounds},
+                      tags={TAG_EXPERIMENT: spec.name, "compare": spec.compare})
+
+
+def parent_run(tracker: RunTracker, tag: str, name: str, run_name: str, flow_run_id: str | None, *,
+               spec_yaml: str, params: dict[str, Any], tags: dict[str, str] | None = None) -> str:
+    """The parent MLflow run of a group of runs (an experiment, a probe), found by ``tag`` =
+    ``name``, else created with the spec as an artifact; marked RUNNING again on a re-run."""
     from mlflow.entities import ViewType
 
     client = tracker.client
-    found = client.search_runs([tracker.experiment_id], filter_string=f"tags.`{TAG_PARENT}` = '{spec.name}'",
+    found = client.search_runs([tracker.experiment_id], filter_string=f"tags.`{tag}` = '{name}'",
                                run_view_type=ViewType.ACTIVE_ONLY, order_by=["attributes.start_time ASC"],
                                max_results=1)
-    tags = {TAG_PARENT: spec.name, TAG_EXPERIMENT: spec.name, "mlflow.runName": f"experiment-{spec.name}",
-            "compare": spec.compare}
-    # Not `prefect.flow_run_id`: RunTracker.find_run falls back to that tag, and a cell would
+    all_tags = {tag: name, "mlflow.runName": run_name, **(tags or {})}
+    # Not `prefect.flow_run_id`: RunTracker.find_run falls back to that tag, and a child run would
     # then re-attach to the parent run instead of creating its own.
     if flow_run_id:
-        tags[TAG_PARENT_FLOW_RUN] = flow_run_id
+        all_tags[TAG_PARENT_FLOW_RUN] = flow_run_id
     if found:
         run_id = found[0].info.run_id
         if found[0].info.status != "RUNNING":
@@ -81,24 +93,20 @@ def ensure_parent_run(tracker: RunTracker, spec: ExperimentSpec, flow_run_id: st
         if flow_run_id:
             client.set_tag(run_id, TAG_PARENT_FLOW_RUN, flow_run_id)
         return run_id
-    run = client.create_run(tracker.experiment_id, run_name=f"experiment-{spec.name}", tags=tags)
-    import yaml
-
-    client.log_text(run.info.run_id, yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False),
-                    "experiment/spec.yaml")
-    client.log_param(run.info.run_id, "compare", spec.compare)
-    client.log_param(run.info.run_id, "budget_usd" if spec.compare == "budget" else "rounds",
-                     spec.budget_usd if spec.compare == "budget" else spec.rounds)
+    run = client.create_run(tracker.experiment_id, run_name=run_name, tags=all_tags)
+    client.log_text(run.info.run_id, spec_yaml, "spec.yaml")
+    for key, value in params.items():
+        client.log_param(run.info.run_id, key, value)
     return run.info.run_id
 
 
-def _attach_cell(tracker: RunTracker, config, run_id: str, cell: Cell, parent: str) -> str:
-    """Create (or find) the cell's MLflow run nested under the parent, before ``run_training``
-    attaches to it by its ``nitro.run_id`` tag (which also records the Prefect flow run)."""
+def attach_child(tracker: RunTracker, config, run_id: str, parent: str, tags: dict[str, str]) -> str:
+    """Create (or find) a training run's MLflow run nested under ``parent``, before
+    ``run_training`` attaches to it by its ``nitro.run_id`` tag (which also records the Prefect
+    flow run)."""
     from nitro.cost import ledger_from_config
 
-    tags = {TAG_PARENT_RUN: parent, TAG_EXPERIMENT: tracker.experiment_name, TAG_CELL: cell.key, TAG_LABEL: cell.label,
-            **ledger_from_config(config).tags()}
+    tags = {TAG_PARENT_RUN: parent, **tags, **ledger_from_config(config).tags()}
     mlflow_run = tracker.start_or_attach(None, run_id, config, tags=tags)
     current = tracker.client.get_run(mlflow_run).data.tags
     missing = {k: v for k, v in tags.items() if current.get(k) != v and k.startswith(("mlflow.", "nitro."))}
@@ -175,7 +183,8 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
         log.info("cell %d/%d %s: %s (run %s)", i, len(cells), cell.key,
                  "resuming after round %d" % done_rounds if state == "partial" else "starting", run_id)
         try:
-            _attach_cell(tracker, config, run_id, cell, parent)
+            attach_child(tracker, config, run_id, parent, {TAG_EXPERIMENT: tracker.experiment_name, TAG_CELL: cell.key,
+                                                           TAG_LABEL: cell.label})
             result = await run_training(config, run_id)
         except (KeyboardInterrupt, SystemExit):
             raise

@@ -21,6 +21,22 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message is one line and names the field."""
 
 
+def read_yaml_mapping(path: str | Path, what: str, error: type[ConfigError] = ConfigError) -> dict[str, Any]:
+    """The mapping a YAML file holds (an empty file holds an empty one); ``error``, one line naming
+    ``what`` and the path, when the file is missing, is not YAML or holds something else."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise error(f"{what} not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{what} {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise error(f"{what} {path} must hold a mapping at the top level")
+    return data
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -103,11 +119,17 @@ class ScalerConfig(_Section):
     random_mean_actors: float | None = Field(
         None, ge=0, description="`random`: mean actors/round of the Nitro run to match; sets the boost probability"
     )
+    actors_at: dict[int, int] = Field(
+        default_factory=dict, description="actors for these rounds whatever the scaler wants, e.g. {12: 64} "
+        "(the boostability probe's boosted branches); still capped by the budget")
 
     @model_validator(mode="after")
     def _bounds(self) -> "ScalerConfig":
         if self.i_min > self.i_max:
             raise ValueError(f"i_min ({self.i_min}) must not exceed i_max ({self.i_max})")
+        bad = [f"{k}: {n}" for k, n in self.actors_at.items() if k < 0 or n < 1]
+        if bad:
+            raise ValueError(f"actors_at wants round >= 0: actors >= 1, got {', '.join(bad)}")
         return self
 
 
@@ -308,17 +330,7 @@ class NitroConfig(_Section):
 
     @classmethod
     def from_yaml(cls, path: str | Path | None, overrides: list[str] | None = None) -> "NitroConfig":
-        data: dict[str, Any] = {}
-        if path is not None:
-            try:
-                data = yaml.safe_load(Path(path).read_text()) or {}
-            except FileNotFoundError:
-                raise ConfigError(f"config file not found: {path}") from None
-            except yaml.YAMLError as exc:
-                raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-            if not isinstance(data, dict):
-                raise ConfigError(f"config file {path} must hold a mapping at the top level")
-        return cls.load(data, overrides)
+        return cls.load(read_yaml_mapping(path, "config file") if path is not None else {}, overrides)
 
     def to_flat_dict(self) -> dict[str, Any]:
         """Dotted keys to plain values: what MLflow logs as params."""

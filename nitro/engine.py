@@ -194,8 +194,11 @@ class Trainer:
         self._start(k)
         signal = RoundSignal(R=detection.R if detection is not None else None,
                              grad_noise_scale=update.metrics.get("grad_noise_scale") if update is not None else None)
-        wanted = int(self.scaler.decide(k, signal))
-        n, reason = wanted, self.config.scaler.name
+        wanted = int(self.scaler.decide(k, signal))  # always asked: a scaler with a window keeps it
+        reason = self.config.scaler.name
+        if k in self.config.scaler.actors_at:
+            wanted, reason = self.config.scaler.actors_at[k], f"actors_at[{k}]"
+        n = wanted
         remaining = self.ledger.remaining(self.config.budget_usd)
         if remaining is not None:
             n = self._cap_by_budget(k, wanted, remaining, update)

@@ -241,3 +241,38 @@ def plot_group_bars(
     ax.set(ylabel=ylabel, title=title)
     ax.grid(alpha=0.3, axis="y")
     return _save(fig, path)
+
+
+def plot_probe(rows: Rows, path: str | Path, x_key: str, x_label: str) -> Path:
+    """The boostability probe (nitro.probe): each branch round's gain of boosting against its
+    signal, both evaluation modes, one point per (seed, round), labelled with the round."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, label, marker in (("gain", "gain, mean action", "o"), ("gain_stochastic", "gain, sampled actions", "^")):
+        pts = [(float(r[x_key]), float(r[key]), r["round"]) for r in rows if _finite(r.get(x_key)) and _finite(r.get(key))]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label, alpha=0.8)
+            if key == "gain":
+                for x, y, k in pts:
+                    ax.annotate(f"k={k}", (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set(xlabel=x_label, ylabel="evaluation return, boost - plain", title=f"Gain of boosting vs {x_key}")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    return _save(fig, path)
+
+
+def plot_probe_trunk(histories: Mapping[int, Rows], branch_rounds: Sequence[int], path: str | Path) -> Path:
+    """R per round of each probe trunk (one line per seed), the branch rounds marked."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for seed, rows in sorted(histories.items()):
+        x, y = series(rows, "hessian_R")
+        if x.size:
+            ax.plot(x, y, marker="o", markersize=3, label=f"trunk, seed {seed}")
+    for k in branch_rounds:
+        ax.axvline(k, color="grey", lw=0.6, ls=":")
+    ax.set(xlabel="round", ylabel="R = |lambda_min / lambda_max|", title="R over the trunk (dotted: branch rounds)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    return _save(fig, path)

@@ -85,7 +85,7 @@ def test_spec_file_errors(tmp_path):
 
 def test_example_study_spec_is_valid():
     spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / "study_hopper.yaml")
-    assert spec.compare == "budget" and set(spec.matrix.scaler) == {"nitro", "fixed", "always", "random"}
+    assert spec.compare == "budget" and set(spec.matrix.scaler) == {"nitro", "fixed", "always", "random", "hydrozoa"}
     assert len(spec.matrix.seed) >= 3 and spec.matrix.env == ["Hopper-v5"] and spec.matrix.algo == ["ppo"]
     configs = [cell_config(spec, c) for c in expand_cells(spec)]
     assert {c.budget_usd for c in configs} == {spec.budget_usd}

@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from nitro.experiments.cells import Cell, _fmt_value, _slug, sensitivity_cells
+from nitro.experiments.cells import Cell, _fmt_value, _slug, cell_config, sensitivity_cells
 from nitro.experiments.machine import machine_info
 from nitro.experiments.spec import ExperimentSpec
 from nitro.experiments.stats import _finite, experiment_rows, format_summary, summarize
 
 REPORT_METRICS = ("eval_return_mean", "eval_stochastic_return_mean", "train_return_mean", "actors_launched", "env_steps_total", "spend_round_usd",
-                  "spend_total_usd", "boost_score", "hessian_R", "round_s")
+                  "spend_total_usd", "boost_score", "hessian_R", "round_s", "round_lambda_s", "round_billed_s")
 
 
 @dataclass
@@ -97,9 +97,12 @@ def build_report(
         f"Cells finished: {sum(r['status'] == 'FINISHED' for r in rows)} of {len(cells)}"
         + (f"; MLflow parent run `{parent_run_id}`" if parent_run_id else "") + ".",
         "",
-        "Final return: the mean episodic return of the run's last round with finished episodes "
-        "(`nitro compare`'s `final return`); total spend: the ledger's cumulative spend. Both as "
-        "mean ± 95% t-interval over seeds.",
+        "Final return: the run's last evaluation, whole episodes with the policy's mean action "
+        "(`nitro compare`'s `final return`; a budget run spends what it kept in hand on evaluating "
+        "its last policy); total spend: the ledger's cumulative spend. Both as mean ± 95% "
+        "t-interval over seeds.",
+        "",
+        _clock_line(cell_config(spec, cells[0])),
         "",
     ]
     if spec.compare == "budget":
@@ -207,6 +210,20 @@ def build_report(
     add_path.write_text(report.markdown + "\n")
     add(add_path)
     return report
+
+
+def _clock_line(config) -> str:
+    """Which clock the learner was billed by (nitro/clock.py), in one sentence."""
+    if config.clock.kind == "lambda":
+        c = config.clock
+        return ("Clock: **Lambda-projected** (`clock.kind: lambda`): each round's learner time is billed as if the "
+                "round's invocations had run at once on Lambda: the learner's own steps as measured, plus the "
+                f"slowest invocation, plus {c.dispatch_s_per_invocation * 1000:g} ms of fan-out per invocation, "
+                f"{c.invoke_s * 1000:g} ms of invoke latency and a {c.cold_start_s:g} s cold start where a round needs "
+                "more instances than were warm. The budget cap uses the same clock; the measured wall time is in "
+                "`rounds.csv` (`round_s`) beside the billed one (`round_billed_s`).")
+    return ("Clock: **measured** wall time: the learner is billed for each round as it ran on this machine, "
+            "local actors queueing for its cores included.")
 
 
 def iter_report_files(report: Report) -> Iterable[Path]:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from nitro.config import ConfigError, ScalerName, validation_message
+from nitro.config import ConfigError, ScalerName, read_yaml_mapping, validation_message
 from nitro.experiments.cells import cell_config, expand_cells
 
 SENSITIVITY_KEYS = ("scaler.decay", "scaler.window", "detector.subset_size")
@@ -105,16 +103,8 @@ def load_spec(source: str | os.PathLike | Mapping[str, Any], overrides: Sequence
         data = dict(source)
         where = "spec"
     else:
-        path = Path(source)
-        where = str(path)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            raise ExperimentError(f"experiment spec not found: {path}") from None
-        except yaml.YAMLError as exc:
-            raise ExperimentError(f"experiment spec {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-        if not isinstance(data, dict):
-            raise ExperimentError(f"experiment spec {path} must hold a mapping at the top level")
+        where = str(source)
+        data = read_yaml_mapping(source, "experiment spec", ExperimentError)
     if overrides:
         data = {**data, "overrides": list(data.get("overrides") or []) + list(overrides)}
     try:

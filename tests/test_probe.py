@@ -1,0 +1,153 @@
+"""The boostability probe (nitro/probe.py, flows/probe.py): the fork continues the trunk exactly,
+the statistics against hand-worked values, spec errors, and a tiny probe through the flow (real
+Redis, local actors, Hopper-v5, a real MLflow store)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import pytest
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
+
+from nitro.actors.local import LocalActorPool
+from nitro.cache import TrajectoryCache, connect_redis
+from nitro.checkpoint import load_checkpoint, save_checkpoint
+from nitro.config import NitroConfig, ScalerConfig
+from nitro.engine import Trainer
+from nitro.probe import ProbeError, arm_config, load_probe_spec, score_at, spearman_ci, fork
+from tests.test_engine import drive
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with LocalActorPool(workers=2, timeout_s=60, memory_mb=1024) as p:
+        yield p
+
+
+def _trainer(redis_url: str, run_id: str, home: Path) -> Trainer:
+    cfg = NitroConfig.load({"steps_per_actor": 128, "home": str(home), "eval": {"every_rounds": 0},
+                            "detector": {"subset_size": 128}, "scaler": {"name": "fixed", "fixed_actors": 2}})
+    return Trainer(cfg, run_id, TrajectoryCache(connect_redis(redis_url), run_id, ttl_s=600), actor_cache_url=redis_url)
+
+
+def test_a_fork_continues_the_trunk_exactly(redis_url, redis_client, pool, tmp_path):
+    trunk = _trainer(redis_url, "probe-trunk", tmp_path)
+    drive(trunk, pool, 3)  # rounds 0..2
+    save_checkpoint(tmp_path, "probe-trunk", 2, trunk.state_dict())
+    assert trunk.open_episodes, "Hopper episodes of a random policy end within 128 steps: one is always open"
+    fork(redis_client, tmp_path, "probe-trunk", "probe-arm", 3, ttl_s=600)
+
+    arm = _trainer(redis_url, "probe-arm", tmp_path)
+    arm.load_state_dict(load_checkpoint(tmp_path, "probe-arm", 2)[1])
+    # the arm trains on its own copies of the trunk's batches, and continues its own copies of the
+    # trunk's unfinished episodes
+    assert arm.pending == trunk.pending
+    assert arm.open_episodes == [k.replace("nitro:probe-trunk:", "nitro:probe-arm:") for k in trunk.open_episodes]
+    assert all(redis_client.exists(k) for k in arm.open_episodes)
+    # round 3's update and detection are the trunk's: the same samples, losses and R
+    ua, ut = arm.update_policy(3), trunk.update_policy(3)
+    assert ua.samples == ut.samples == 256
+    assert ua.metrics["policy_loss"] == pytest.approx(ut.metrics["policy_loss"], rel=1e-6)
+    assert arm.detect(3, ua).R == pytest.approx(trunk.detect(3, ut).R, rel=1e-6)
+
+    # once the trunk has run round 3 (which deletes round 2's entries), it can no longer be forked there
+    decision = trunk.decide(3, None, ut)
+    events = trunk.actor_events(3, decision.n_actors, trunk.publish_weights(3))
+    trunk.end_round(3, ut, None, decision, pool.invoke_many(events), actor_s=0.0, round_s=1.0)
+    with pytest.raises(ProbeError, match="are gone"):
+        fork(redis_client, tmp_path, "probe-trunk", "probe-late", 3, ttl_s=600)
+    with pytest.raises(ProbeError, match="no checkpoint of round 6"):
+        fork(redis_client, tmp_path, "probe-trunk", "probe-late", 7, ttl_s=600)
+
+
+def test_spearman_and_its_interval_against_hand_values():
+    # ranks of y against x differ by one everywhere: sum d^2 = 6, rho = 1 - 6*6 / (6*35) = 0.828571;
+    # Fisher z = atanh(rho) = 1.18380, se = sqrt((1 + rho^2/2) / 3) = 0.66914, z -+ 1.95996 se -> tanh
+    c = spearman_ci([1, 2, 3, 4, 5, 6], [2, 1, 4, 3, 6, 5])
+    assert c["rho"] == pytest.approx(0.828571, abs=1e-6)
+    assert c["ci_low"] == pytest.approx(-0.127245, abs=1e-5) and c["ci_high"] == pytest.approx(0.986482, abs=1e-5)
+    assert c["n"] == 6 and 0.0 < c["p_value"] < 0.05
+    assert spearman_ci([3, 2, 1, 0], [1, 2, 3, 4])["rho"] == pytest.approx(-1.0)
+    assert math.isnan(spearman_ci([1, 2, 3], [1, 2, 3])["rho"])  # too few for an interval
+    assert spearman_ci([1, 2, float("nan"), 4, 5], [1, 2, 3, 4, 5])["n"] == 4  # NaN pairs are dropped
+
+
+def test_score_at_is_the_nitro_scalers_score():
+    cfg = ScalerConfig(window=3, decay=0.9)
+    # round 3 sees the window [1.0, 2.0, 1.5]: S_3 = (2.0 - 1.5) / (2.0 - 1.0) * 0.9^3 = 0.3645
+    assert score_at([(1, 1.0), (2, 2.0), (3, 1.5)], cfg, 3) == pytest.approx(0.3645)
+    # with window 3, round 4 forgets round 1: [2.0, 1.5, 1.8] -> (2.0 - 1.8) / 0.5 * 0.9^4
+    assert score_at([(1, 1.0), (2, 2.0), (3, 1.5), (4, 1.8)], cfg, 4) == pytest.approx(0.4 * 0.9**4)
+    assert score_at([(1, 1.0)], cfg, 1) is None  # one value: max == min, no score
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"branch_rounds": [1, 4]}, "k >= 2"),
+    ({"branch_rounds": []}, "branch_rounds"),
+    ({"horizon": 0}, "horizon"),
+    ({"base": {"env_id": "Hopper-v5", "rounds": 9}}, "base.rounds"),
+    ({"base": {"env_id": "NoSuchEnv-v0"}}, "NoSuchEnv-v0"),
+    ({"boost_actors": -1}, "boost_actors"),
+    ({"colour": "red"}, "colour"),
+])
+def test_bad_probe_spec_is_one_clear_line(change, needle):
+    spec = {"name": "p", "base": {"env_id": "Hopper-v5"}, "branch_rounds": [2, 4], **change}
+    with pytest.raises(ProbeError) as err:
+        load_probe_spec(spec)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_example_probe_spec_is_valid():
+    spec = load_probe_spec(Path(__file__).resolve().parents[1] / "examples" / "probe_hopper.yaml")
+    boost = arm_config(spec, 0, spec.branch_rounds[0], "boost")
+    plain = arm_config(spec, 0, spec.branch_rounds[0], "plain")
+    assert boost.scaler.actors_at == {spec.branch_rounds[0]: 64} and plain.scaler.actors_at == {}
+    assert boost.model_dump(exclude={"scaler"}) == plain.model_dump(exclude={"scaler"})
+
+
+def test_tiny_probe_through_the_flow(prefect_api, tmp_path, redis_url):
+    from flows.probe import probe
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    spec = {
+        "name": "tiny-probe",
+        "base": {"env_id": "Hopper-v5", "steps_per_actor": 64, "backend": {"workers": 2},
+                 "detector": {"subset_size": 64}, "eval": {"max_steps": 200},
+                 "home": str(tmp_path / "home"), "tracking": {"mlflow_uri": uri}, "redis": {"url": redis_url}},
+        "branch_rounds": [2, 3], "horizon": 1, "plain_actors": 2, "boost_actors": 5, "eval_episodes": 2,
+    }
+    out = tmp_path / "report"
+    result = asyncio.run(probe(spec=spec, report_dir=str(out)))
+    rows = result["rows"]
+    assert [r["round"] for r in rows] == [2, 3]
+    for r in rows:
+        assert (r["actors_plain"], r["actors_boost"]) == (2, 5)
+        assert r["hessian_R"] == r["hessian_R_boost_arm"] and math.isfinite(r["hessian_R"])  # one update, forked
+        assert math.isfinite(r["gain"]) and r["gain"] == r["eval_boost"] - r["eval_plain"]
+        assert r["extra_spend_usd"] > 0
+    # the plain arm of round 2 and the trunk made the same decisions up to round 2: same R at round 2
+    trunk = load_checkpoint(tmp_path / "home", "tiny-probe-s0-trunk")[1]["history"]
+    plain = load_checkpoint(tmp_path / "home", "tiny-probe-s0-k002-plain")[1]["history"]
+    assert [h["hessian_R"] for h in plain if h["round"] == 2] == [h["hessian_R"] for h in trunk if h["round"] == 2]
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("tiny-probe")
+    runs = client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL, max_results=100)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert [p.info.run_id for p in parents] == [result["parent_run_id"]]
+    assert sorted(r.data.tags["nitro.probe_role"] for r in children) == ["boost", "boost", "plain", "plain", "trunk"]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    names = {p.name for p in out.iterdir()}
+    assert {"README.md", "branches.csv", "probe.json", "gain-vs-R.png", "gain-vs-score.png", "trunk-R.png"} <= names
+    assert "Spearman" in (out / "README.md").read_text()
+    assert "report/README.md" in {a.path for a in client.list_artifacts(result["parent_run_id"], "report")}
+
+    # re-running finds every run finished: nothing new in MLflow, the same rows
+    again = asyncio.run(probe(spec=spec, report_dir=str(out)))
+    assert again["parent_run_id"] == result["parent_run_id"]
+    assert [(r["round"], r["gain"]) for r in again["rows"]] == [(r["round"], r["gain"]) for r in rows]
+    assert len(client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL, max_results=100)) == 6
