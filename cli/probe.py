@@ -14,7 +14,7 @@ def cmd_probe(args) -> int:
     load_probe_spec(args.spec, args.overrides)  # fail fast, before Prefect starts
     from flows.probe import probe
 
-    result = asyncio.run(probe(spec_path=str(args.spec), overrides=list(args.overrides), report_dir=args.report_dir))
+    result = asyncio.run(probe(spec_path=str(args.spec), overrides=list(args.overrides), report_dir=args.report_dir or ""))
     from nitro.probe import _corr_line
 
     print(f"probe {result['probe']}: {len(result['rows'])} branch rounds measured")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -46,20 +47,20 @@ TAG_PROBE_PARENT = "nitro.probe_parent"
 
 
 @flow(name="nitro-probe", persist_result=False, log_prints=True)
-async def probe(spec_path: str | None = None, spec: dict | None = None, overrides: list[str] | None = None,
-                report_dir: str | None = None) -> dict:
-    """Probe whether the Hessian signal predicts the gain of boosting on a task (paper §2.2, Fig. 7).
+async def probe(spec_path: str = "examples/probe_hopper.yaml", overrides: Sequence[str] = (), report_dir: str = "") -> dict:
+    """Probe whether the Hessian signal predicts the gain of boosting on a task (paper §2.2, Fig. 7):
+    a trunk run forked at chosen rounds into a plain and a boosted arm, then the rank correlation
+    of R_k and S_k with the gain, with its 95% CI, in a report and in MLflow.
 
     Args:
-        spec_path: A probe spec YAML on the worker's machine (see examples/probe_hopper.yaml).
-        spec: The spec as a mapping, instead of spec_path.
-        overrides: Dotted config overrides for every run of the probe, e.g. home=/data/nitro.
-        report_dir: Where the report goes; default the spec's report_dir, else docs/results/<name>.
+        spec_path: Probe spec YAML on the worker's machine, relative to the repository (see
+            examples/probe_hopper.yaml: env, seeds, branch rounds, horizon, actors).
+        overrides: Config overrides for every run of the probe, as key=value, one per item, e.g.
+            home=/data/nitro or ppo.lr=1e-4.
+        report_dir: Where the report goes; empty: the spec's report_dir, else docs/results/<name>.
     """
-    if (spec_path is None) == (spec is None):
-        raise ValueError("give exactly one of spec_path or spec")
-    parsed = load_probe_spec(spec_path if spec_path is not None else spec, overrides or [])
-    return await run_probe(parsed, report_dir=report_dir)
+    parsed = load_probe_spec(spec_path, list(overrides))
+    return await run_probe(parsed, report_dir=report_dir or None)
 
 
 async def run_probe(spec: ProbeSpec, *, report_dir: str | os.PathLike | None = None) -> dict:

@@ -38,6 +38,17 @@ def test_every_form_field_has_a_type_a_default_and_a_description():
     assert "key=value" in props["overrides"]["description"]
 
 
+def test_the_probe_form_has_a_type_a_default_and_a_description_for_every_field():
+    from flows.probe import probe
+
+    schema = parameter_schema(probe).model_dump_for_openapi()
+    props = schema["properties"]
+    assert list(props) == ["spec_path", "overrides", "report_dir"] and not schema.get("required")
+    for name, prop in props.items():
+        assert prop.get("description", "").strip() and "type" in prop and "anyOf" not in prop and "default" in prop, prop
+    assert (REPO / props["spec_path"]["default"]).is_file()  # the default spec ships with the repository
+
+
 def test_form_defaults_are_the_built_in_config():
     """A run started with the form's prefilled values is a run with the built-in defaults."""
     assert config_from_parameters(DEFAULTS) == NitroConfig()

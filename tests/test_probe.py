@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
@@ -120,7 +121,8 @@ def test_tiny_probe_through_the_flow(prefect_api, tmp_path, redis_url):
         "branch_rounds": [2, 3], "horizon": 1, "plain_actors": 2, "boost_actors": 5, "eval_episodes": 2,
     }
     out = tmp_path / "report"
-    result = asyncio.run(probe(spec=spec, report_dir=str(out)))
+    (tmp_path / "probe.yaml").write_text(yaml.safe_dump(spec))
+    result = asyncio.run(probe(spec_path=str(tmp_path / "probe.yaml"), report_dir=str(out)))
     rows = result["rows"]
     assert [r["round"] for r in rows] == [2, 3]
     for r in rows:
@@ -147,7 +149,7 @@ def test_tiny_probe_through_the_flow(prefect_api, tmp_path, redis_url):
     assert "report/README.md" in {a.path for a in client.list_artifacts(result["parent_run_id"], "report")}
 
     # re-running finds every run finished: nothing new in MLflow, the same rows
-    again = asyncio.run(probe(spec=spec, report_dir=str(out)))
+    again = asyncio.run(probe(spec_path=str(tmp_path / "probe.yaml"), report_dir=str(out)))
     assert again["parent_run_id"] == result["parent_run_id"]
     assert [(r["round"], r["gain"]) for r in again["rows"]] == [(r["round"], r["gain"]) for r in rows]
     assert len(client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL, max_results=100)) == 6
