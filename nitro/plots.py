@@ -243,7 +243,7 @@ def plot_group_bars(
     return _save(fig, path)
 
 
-def plot_probe(rows: Rows, path: str | Path, x_key: str, x_label: str) -> Path:
+def plot_probe(rows: Rows, path: str | Path, x_key: str, x_label: str, name: str) -> Path:
     """The boostability probe (nitro.probe): each branch round's gain of boosting against its
     signal, both evaluation modes, one point per (seed, round), labelled with the round."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -255,7 +255,7 @@ def plot_probe(rows: Rows, path: str | Path, x_key: str, x_label: str) -> Path:
                 for x, y, k in pts:
                     ax.annotate(f"k={k}", (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
     ax.axhline(0.0, color="grey", lw=0.8)
-    ax.set(xlabel=x_label, ylabel="evaluation return, boost - plain", title=f"Gain of boosting vs {x_key}")
+    ax.set(xlabel=x_label, ylabel="evaluation return, boost - plain", title=f"Gain of boosting vs {name}")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend()

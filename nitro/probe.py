@@ -304,15 +304,15 @@ def build_probe_report(spec: ProbeSpec, out_dir: str | os.PathLike, *, parent_ru
                        trunk_histories: Mapping[int, Sequence[Mapping[str, float]]] | None = None) -> dict[str, Any]:
     """README.md, branches.csv, probe.json and the plots in ``out_dir``; returns the results."""
     from nitro import plots
-    from nitro.experiments.machine import machine_info
+    from nitro.experiments.machine import machine_info, machine_markdown
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = probe_rows(spec)
     corr = correlations(rows)
     plain_n, boost_n = actor_counts(spec)
-    files = [plots.plot_probe(rows, out / "gain-vs-R.png", "hessian_R", "R_k = |lambda_min / lambda_max| at round k"),
-             plots.plot_probe(rows, out / "gain-vs-score.png", "score", "S_k, the score Nitro's scaler gives round k")]
+    files = [plots.plot_probe(rows, out / "gain-vs-R.png", "hessian_R", "R_k = |lambda_min / lambda_max| at round k", "R_k"),
+             plots.plot_probe(rows, out / "gain-vs-score.png", "score", "S_k, the score Nitro's scaler gives round k", "S_k")]
     if trunk_histories:
         files.append(plots.plot_probe_trunk(trunk_histories, spec.branch_rounds, out / "trunk-R.png"))
     with (out / "branches.csv").open("w", newline="") as fh:
@@ -355,5 +355,6 @@ def build_probe_report(spec: ProbeSpec, out_dir: str | os.PathLike, *, parent_ru
               f"{_fmt(r['extra_spend_usd'], '.4f')} |" for r in rows]
     lines += ["", f"Raw numbers: `branches.csv`, `probe.json`. MLflow: the probe's parent run `{parent_run_id}`, "
               "with the trunk and every arm nested under it.", ""]
+    lines += machine_markdown(results["machine"])
     (out / "README.md").write_text("\n".join(lines))
     return {**results, "files": [str(p) for p in files] + [str(out / n) for n in ("README.md", "branches.csv", "probe.json")]}

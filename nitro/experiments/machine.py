@@ -51,3 +51,13 @@ def machine_info() -> dict[str, Any]:
         "packages": versions,
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def machine_markdown(info: dict[str, Any]) -> list[str]:
+    """A report's "Machine and versions" section, as Markdown lines."""
+    return ["## Machine and versions", "",
+            f"- {info['platform']}, Python {info['python']}, {info['cpu']} ({info['cpu_count']} CPUs"
+            f"{', ' + str(info['affinity_cpus']) + ' usable' if info.get('affinity_cpus') else ''}), "
+            f"{info['memory_gib']} GiB RAM; git {info['git_commit']}",
+            "- " + ", ".join(f"{k} {v}" for k, v in info["packages"].items()),
+            f"- generated {info['generated_at']}", ""]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from nitro.experiments.cells import Cell, _fmt_value, _slug, cell_config, sensitivity_cells
-from nitro.experiments.machine import machine_info
+from nitro.experiments.machine import machine_info, machine_markdown
 from nitro.experiments.spec import ExperimentSpec
 from nitro.experiments.stats import _finite, experiment_rows, format_summary, summarize
 
@@ -181,12 +181,7 @@ def build_report(
     if notes:
         md += ["## Notes", ""] + [f"- `{k}`: {v}" for k, v in notes.items()] + [""]
     info = machine_info()
-    md += ["## Machine and versions", "",
-           f"- {info['platform']}, Python {info['python']}, {info['cpu']} ({info['cpu_count']} CPUs"
-           f"{', ' + str(info['affinity_cpus']) + ' usable' if info.get('affinity_cpus') else ''}), "
-           f"{info['memory_gib']} GiB RAM; git {info['git_commit']}",
-           "- " + ", ".join(f"{k} {v}" for k, v in info["packages"].items()),
-           f"- generated {info['generated_at']}", ""]
+    md += machine_markdown(info)
 
     run_cols = ["run_name", "nitro_run_id", "mlflow_run_id", "cell", "label", "env", "algo", "scaler", "seed",
                 "rounds_done", "final_return", "total_spend_usd", "env_steps_total", "status"]
