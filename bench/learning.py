@@ -134,6 +134,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="default: as many as ~300k steps need, +1")
     parser.add_argument("--eval-every", type=int, default=None, help="default: a third of the rounds")
     parser.add_argument("--no-sb3", action="store_true", help="skip the SB3 reference runs")
+    parser.add_argument("--out", default=None, help="file under bench/results/ (default: learning_<algo>.json); "
+                                                    "a trial of other settings writes beside the reference")
     parser.add_argument("overrides", nargs="*", help="extra config overrides for Nitro, key=value")
     args = parser.parse_args()
     isolated_home("learning")
@@ -148,7 +150,7 @@ def main() -> None:
     report: dict = {"algo": args.algo, "actors": args.actors, "steps_per_round": steps_per_round,
                     "rounds": args.rounds, "eval_every": args.eval_every, "eval_episodes": EVAL_EPISODES,
                     "overrides": args.overrides, "load_average_before": load_before, "envs": {}}
-    out = RESULTS / f"learning_{args.algo}.json"
+    out = RESULTS / (args.out or f"learning_{args.algo}.json")
     for env_id in args.envs.split(","):
         nitro_runs, sb3_runs = [], []
         for seed in (int(s) for s in args.seeds.split(",")):
