@@ -15,11 +15,11 @@ def cmd_probe(args) -> int:
     from flows.probe import probe
 
     result = asyncio.run(probe(spec_path=str(args.spec), overrides=list(args.overrides), report_dir=args.report_dir or ""))
-    from nitro.probe import _corr_line
+    from nitro.probe import correlation_line
 
     print(f"probe {result['probe']}: {len(result['rows'])} branch rounds measured")
     for name, c in result["correlations"].items():
         signal, gain = name.split("~")
-        print(f"  Spearman {signal} vs {gain.replace('_', ' ')}: {_corr_line(c)}")
+        print(f"  Spearman {signal} vs {gain.replace('_', ' ')}: {correlation_line(c)}")
     print(f"report: {result['report_dir']}/README.md   MLflow parent run: {result['parent_run_id']}")
     return 0

@@ -141,6 +141,7 @@ def _start_owned_server() -> Any:
 def run_command(config: NitroConfig, run_id: str, fn: Callable[[], dict]) -> dict:
     """Run ``fn`` (the flow) with the run's log file and Prefect API; a failure becomes one
     ``CommandFailed`` line and its traceback goes to the log file."""
+    from nitro.runtime import configured_redis_url
     from nitro.tracking import default_tracking_uri
 
     with run_log(config, run_id) as log_path:
@@ -152,7 +153,7 @@ def run_command(config: NitroConfig, run_id: str, fn: Callable[[], dict]) -> dic
             raise
         except Exception as exc:
             logging.getLogger().error("run %s failed", run_id, exc_info=exc)  # to the log file, not the terminal
-            urls = {"Redis": config.redis.url or os.environ.get("NITRO_REDIS_URL"),
+            urls = {"Redis": configured_redis_url(config),
                     "MLflow store": default_tracking_uri(config), "Prefect API": api}
             failure = describe_failure(exc, run_id, config.home, urls)
             if failure is not None:

@@ -21,8 +21,7 @@ from prefect.artifacts import acreate_markdown_artifact
 
 from flows.experiment import attach_child, parent_run
 from flows.training import run_training
-from nitro.cache import LocalRedisServer, connect_redis
-from nitro.checkpoint import latest_round, load_checkpoint
+from nitro.checkpoint import latest_round
 from nitro.config import NitroConfig
 from nitro.probe import (
     ARMS,
@@ -37,7 +36,7 @@ from nitro.probe import (
     trunk_config,
     trunk_run_id,
 )
-from nitro.runtime import ROUND_OBSERVERS, get_run
+from nitro.runtime import ROUND_OBSERVERS, get_run, run_redis
 from nitro.tracking import RunTracker, default_tracking_uri
 
 log = logging.getLogger("nitro")
@@ -72,17 +71,14 @@ async def run_probe(spec: ProbeSpec, *, report_dir: str | os.PathLike | None = N
                         spec_yaml=yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False),
                         params={"branch_rounds": spec.branch_rounds, "horizon": spec.horizon}, tags={TAG_PROBE: spec.name})
     log.info("probe %s: seeds %s, branch rounds %s, MLflow parent run %s", spec.name, spec.seeds, spec.branch_rounds, parent)
-    trunks = {}
     for seed in spec.seeds:
         await run_trunk(spec, seed, tracker, parent)
         for k in spec.branch_rounds:
             for arm in ARMS:
                 await run_arm(spec, seed, k, arm, tracker, parent)
-        config = trunk_config(spec, seed)
-        trunks[seed] = load_checkpoint(config.home, trunk_run_id(spec, seed))[1]["history"]
 
     out_dir = Path(report_dir or spec.report_dir or Path("docs/results") / spec.name)
-    result = build_probe_report(spec, out_dir, parent_run_id=parent, trunk_histories=trunks)
+    result = build_probe_report(spec, out_dir, parent_run_id=parent)
     tracker.client.log_artifacts(parent, str(out_dir), "report")
     for name, c in result["correlations"].items():
         if c["n"] >= 4 and c["rho"] == c["rho"]:
@@ -108,7 +104,7 @@ async def run_trunk(spec: ProbeSpec, seed: int, tracker: RunTracker, parent: str
         raise ProbeError(f"trunk {trunk} has run round {passed[0]} already, so its arms can no longer be forked; "
                          f"remove {trunk} and its arms' runs from {config.home}/runs or give the probe a new name")
     if done is not None and done + 1 in to_fork:  # it died right after the checkpoint the fork needs
-        with _redis(config) as client:
+        with run_redis(config) as (client, _):
             _fork_all(client, config, trunk, done + 1, to_fork.pop(done + 1))
     failures: list[BaseException] = []
 
@@ -148,26 +144,3 @@ async def run_arm(spec: ProbeSpec, seed: int, k: int, arm: str, tracker: RunTrac
     attach_child(tracker, config, run_id, parent, {TAG_PROBE: spec.name, "nitro.probe_role": arm,
                                                    "nitro.probe_round": str(k), "nitro.probe_seed": str(seed)})
     await run_training(config, run_id)
-
-
-class _redis:
-    """A client of the run's Redis outside a run: its configured URL, or the local server on the
-    run's data directory started for the moment (it reloads what the trunk left there)."""
-
-    def __init__(self, config: NitroConfig):
-        self.config = config
-        self.server: LocalRedisServer | None = None
-
-    def __enter__(self):
-        url = self.config.redis.url or os.environ.get("NITRO_REDIS_URL")
-        if url is None:
-            self.server = LocalRedisServer(data_dir=Path(self.config.home) / "redis").start()
-            url = self.server.url
-        self.client = connect_redis(url, password=os.environ.get(self.config.redis.password_env) or None,
-                                    timeout_s=self.config.redis.connect_timeout_s)
-        return self.client
-
-    def __exit__(self, *exc) -> None:
-        self.client.close()
-        if self.server is not None:
-            self.server.stop()

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -369,6 +370,26 @@ def _apply_override(data: dict[str, Any], item: str) -> None:
             node[p] = child
         node = child
     node[parts[-1]] = value
+
+
+SpecT = TypeVar("SpecT", bound=BaseModel)
+
+
+def load_spec_model(source: str | Path | Mapping[str, Any], overrides: Sequence[str], model: type[SpecT], what: str,
+                    error: type[ConfigError]) -> tuple[SpecT, str]:
+    """A spec of ``model`` (an experiment's, a probe's) from a YAML path or a mapping, with extra
+    dotted config ``overrides`` appended to its own; ``error`` (one line naming the first bad
+    field) when invalid. Also returns where it came from, for the messages of later checks."""
+    if isinstance(source, Mapping):
+        data, where = dict(source), what
+    else:
+        data, where = read_yaml_mapping(source, what, error), str(source)
+    if overrides:
+        data = {**data, "overrides": list(data.get("overrides") or []) + list(overrides)}
+    try:
+        return model.model_validate(data), where
+    except ValidationError as exc:
+        raise error(validation_message(exc, what)) from None
 
 
 def validation_message(exc: ValidationError, what: str = "config") -> str:

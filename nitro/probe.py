@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from nitro.cache import TrajectoryCache
 from nitro.checkpoint import latest_round, load_checkpoint, save_checkpoint
-from nitro.config import ConfigError, NitroConfig, read_yaml_mapping, validation_message
+from nitro.config import ConfigError, NitroConfig, load_spec_model
 from nitro.experiments.report import _json_safe
 from nitro.experiments.stats import _finite
 from nitro.scalers import NitroScaler, RoundSignal
@@ -96,17 +96,7 @@ class ProbeSpec(BaseModel):
 def load_probe_spec(source: str | os.PathLike | Mapping[str, Any], overrides: Sequence[str] = ()) -> ProbeSpec:
     """Validate a spec from a YAML path or a mapping (raises ProbeError, one line); every run's
     config is built once here, so a bad base config fails before anything runs."""
-    if isinstance(source, Mapping):
-        data, where = dict(source), "probe spec"
-    else:
-        where = str(source)
-        data = read_yaml_mapping(source, "probe spec", ProbeError)
-    if overrides:
-        data = {**data, "overrides": list(data.get("overrides") or []) + list(overrides)}
-    try:
-        spec = ProbeSpec.model_validate(data)
-    except ValidationError as exc:
-        raise ProbeError(validation_message(exc, "probe spec")) from None
+    spec, where = load_spec_model(source, overrides, ProbeSpec, "probe spec", ProbeError)
     try:
         for seed in spec.seeds:
             trunk_config(spec, seed)
@@ -132,6 +122,14 @@ def actor_counts(spec: ProbeSpec) -> tuple[int, int]:
     return spec.plain_actors or scaler.i_min, spec.boost_actors or scaler.i_max
 
 
+def _plain_run(spec: ProbeSpec, seed: int, extra: list[str]) -> NitroConfig:
+    """The base config as a plain run of ``seed``: the fixed scaler at the plain actor count, no
+    budget, in the probe's MLflow experiment; then ``extra``. Trunk and arms differ only there."""
+    plain, _ = actor_counts(spec)
+    return _load(spec, [f"seed={seed}", "scaler.name=fixed", f"scaler.fixed_actors={plain}", "budget_usd=null",
+                        f"tracking.experiment={spec.name}", *extra])
+
+
 def trunk_run_id(spec: ProbeSpec, seed: int) -> str:
     return f"{spec.name}-s{seed}-trunk"
 
@@ -141,19 +139,15 @@ def arm_run_id(spec: ProbeSpec, seed: int, k: int, arm: Arm) -> str:
 
 
 def trunk_config(spec: ProbeSpec, seed: int) -> NitroConfig:
-    plain, _ = actor_counts(spec)
-    return _load(spec, [f"seed={seed}", "scaler.name=fixed", f"scaler.fixed_actors={plain}", "budget_usd=null",
-                        f"rounds={spec.trunk_rounds}", f"tracking.experiment={spec.name}"])
+    return _plain_run(spec, seed, [f"rounds={spec.trunk_rounds}"])
 
 
 def arm_config(spec: ProbeSpec, seed: int, k: int, arm: Arm) -> NitroConfig:
     """The trunk's config, run to round k + horizon, with ``boost_actors`` in round k for ``boost``."""
-    plain, boost = actor_counts(spec)
-    extra = [f"seed={seed}", "scaler.name=fixed", f"scaler.fixed_actors={plain}", "budget_usd=null",
-             f"rounds={k + spec.horizon + 1}", f"tracking.experiment={spec.name}", f"eval.episodes={spec.eval_episodes}"]
+    extra = [f"rounds={k + spec.horizon + 1}", f"eval.episodes={spec.eval_episodes}"]
     if arm == "boost":
-        extra.append(f"scaler.actors_at={{{k}: {boost}}}")
-    return _load(spec, extra)
+        extra.append(f"scaler.actors_at={{{k}: {actor_counts(spec)[1]}}}")
+    return _plain_run(spec, seed, extra)
 
 
 def arm_finished(config: NitroConfig, run_id: str) -> bool:
@@ -233,16 +227,23 @@ def _row(history: Sequence[Mapping[str, float]], k: int) -> Mapping[str, float]:
     return next((r for r in history if int(r["round"]) == k), {})
 
 
-def probe_rows(spec: ProbeSpec) -> list[dict[str, Any]]:
-    """One row per (seed, branch round) whose two arms finished: R_k, S_k, both arms' evaluation
-    returns at k + horizon, the gains and what the boost cost more."""
-    rows = []
+def trunk_histories(spec: ProbeSpec) -> dict[int, list[dict[str, float]]]:
+    """Per seed, the per-round history of its trunk (seeds whose trunk has no checkpoint: none)."""
+    out = {}
     for seed in spec.seeds:
+        home, trunk = trunk_config(spec, seed).home, trunk_run_id(spec, seed)
+        if latest_round(home, trunk) is not None:
+            out[seed] = load_checkpoint(home, trunk)[1]["history"]
+    return out
+
+
+def probe_rows(spec: ProbeSpec, trunks: Mapping[int, Sequence[Mapping[str, float]]]) -> list[dict[str, Any]]:
+    """One row per (seed, branch round) whose two arms finished, given the trunks' histories
+    (``trunk_histories``): R_k, S_k, both arms' evaluation returns at k + horizon, the gains and
+    what the boost cost more."""
+    rows = []
+    for seed, trunk_history in trunks.items():
         tcfg = trunk_config(spec, seed)
-        trunk = trunk_run_id(spec, seed)
-        if latest_round(tcfg.home, trunk) is None:
-            continue
-        trunk_history = load_checkpoint(tcfg.home, trunk)[1]["history"]
         for k in spec.branch_rounds:
             arms = {}
             for arm in ARMS:
@@ -295,26 +296,26 @@ def _fmt(v: Any, spec: str = ".3g") -> str:
     return format(float(v), spec) if _finite(v) else "n/a"
 
 
-def _corr_line(c: Mapping[str, float]) -> str:
+def correlation_line(c: Mapping[str, float]) -> str:
     return (f"rho = {_fmt(c['rho'], '+.2f')} (95% CI {_fmt(c['ci_low'], '+.2f')} to {_fmt(c['ci_high'], '+.2f')}, "
             f"p = {_fmt(c['p_value'], '.2g')}, n = {int(c['n'])})")
 
 
-def build_probe_report(spec: ProbeSpec, out_dir: str | os.PathLike, *, parent_run_id: str | None = None,
-                       trunk_histories: Mapping[int, Sequence[Mapping[str, float]]] | None = None) -> dict[str, Any]:
+def build_probe_report(spec: ProbeSpec, out_dir: str | os.PathLike, *, parent_run_id: str | None = None) -> dict[str, Any]:
     """README.md, branches.csv, probe.json and the plots in ``out_dir``; returns the results."""
     from nitro import plots
     from nitro.experiments.machine import machine_info, machine_markdown
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = probe_rows(spec)
+    trunks = trunk_histories(spec)
+    rows = probe_rows(spec, trunks)
     corr = correlations(rows)
     plain_n, boost_n = actor_counts(spec)
     files = [plots.plot_probe(rows, out / "gain-vs-R.png", "hessian_R", "R_k = |lambda_min / lambda_max| at round k", "R_k"),
              plots.plot_probe(rows, out / "gain-vs-score.png", "score", "S_k, the score Nitro's scaler gives round k", "S_k")]
-    if trunk_histories:
-        files.append(plots.plot_probe_trunk(trunk_histories, spec.branch_rounds, out / "trunk-R.png"))
+    if trunks:
+        files.append(plots.plot_probe_trunk(trunks, spec.branch_rounds, out / "trunk-R.png"))
     with (out / "branches.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(ROW_COLUMNS), extrasaction="ignore")
         w.writeheader()
@@ -335,11 +336,11 @@ def build_probe_report(spec: ProbeSpec, out_dir: str | os.PathLike, *, parent_ru
         "Spearman rank correlation, 95% CI from Fisher's z (Bonett-Wright standard error). Nitro boosts where R is "
         "low, so a useful signal has rho < 0 against R and rho > 0 against S_k.", "",
         "| signal | gain, mean action | gain, sampled actions |", "|---|---|---|",
-        f"| R_k | {_corr_line(corr['hessian_R~gain'])} | {_corr_line(corr['hessian_R~gain_stochastic'])} |",
-        f"| S_k | {_corr_line(corr['score~gain'])} | {_corr_line(corr['score~gain_stochastic'])} |", "",
+        f"| R_k | {correlation_line(corr['hessian_R~gain'])} | {correlation_line(corr['hessian_R~gain_stochastic'])} |",
+        f"| S_k | {correlation_line(corr['score~gain'])} | {correlation_line(corr['score~gain_stochastic'])} |", "",
         "![gain vs R](gain-vs-R.png) ![gain vs S_k](gain-vs-score.png)", "",
     ]
-    if trunk_histories:
+    if trunks:
         lines += ["![R over the trunk's rounds](trunk-R.png)", ""]
     gains = [r["gain"] for r in rows if _finite(r["gain"])]
     if gains:

@@ -107,6 +107,27 @@ def actor_cache_access(config: NitroConfig, learner_url: str, password: str | No
     return strip_password(learner_url), ({"env": config.redis.password_env} if password else {})
 
 
+def configured_redis_url(config: NitroConfig) -> str | None:
+    """The Redis a run was told to use (``redis.url``, else ``NITRO_REDIS_URL``); None: a local one."""
+    return config.redis.url or os.environ.get("NITRO_REDIS_URL")
+
+
+@contextlib.contextmanager
+def run_redis(config: NitroConfig) -> Iterator[tuple[Any, str]]:
+    """A client of the run's Redis and its URL, for as long as the context lasts: the configured
+    one (``redis.url``, else ``NITRO_REDIS_URL``), or a local server on ``<home>/redis``, which
+    reloads what earlier runs under that home left there. Raises CacheError."""
+    with contextlib.ExitStack() as stack:
+        url = configured_redis_url(config)
+        if url is None:
+            url = stack.enter_context(LocalRedisServer(data_dir=Path(config.home) / "redis")).url
+            log.info("started a local Redis at %s", url)
+        client = connect_redis(url, password=os.environ.get(config.redis.password_env) or None,
+                               timeout_s=config.redis.connect_timeout_s)
+        stack.callback(client.close)
+        yield client, url
+
+
 @contextlib.contextmanager
 def open_run(config: NitroConfig, run_id: str) -> Iterator[RunContext]:
     """Open everything a run needs; restore its latest checkpoint if there is one, and bill the
@@ -116,19 +137,14 @@ def open_run(config: NitroConfig, run_id: str) -> Iterator[RunContext]:
     stack = contextlib.ExitStack()
     with stack:
         save_run_config(config, run_id)  # first: whatever fails below, `nitro resume` can start again
-        password = os.environ.get(config.redis.password_env) or None
-        url = config.redis.url or os.environ.get("NITRO_REDIS_URL")
         try:
-            if url is None:
-                server = stack.enter_context(LocalRedisServer(data_dir=Path(config.home) / "redis"))
-                url = server.url
-                log.info("started a local Redis at %s", url)
-            client = connect_redis(url, password=password, timeout_s=config.redis.connect_timeout_s)
+            client, url = stack.enter_context(run_redis(config))
         except CacheError as exc:
-            raise RunFailed("Redis", redact_url(url) if url else "(local server)", one_line(exc), run_id, config.home) from exc
-        stack.callback(client.close)
+            given = configured_redis_url(config)
+            raise RunFailed("Redis", redact_url(given) if given else "(local server)", one_line(exc), run_id,
+                            config.home) from exc
         cache = TrajectoryCache(client, run_id, ttl_s=config.redis.ttl_s)
-        actor_url, creds = actor_cache_access(config, url, password)
+        actor_url, creds = actor_cache_access(config, url, os.environ.get(config.redis.password_env) or None)
         trainer = Trainer(config, run_id, cache, actor_cache_url=actor_url, actor_credentials=creds)
         resumed = latest_round(config.home, run_id)
         if resumed is not None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any, Literal, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from nitro.config import ConfigError, ScalerName, read_yaml_mapping, validation_message
+from nitro.config import ConfigError, ScalerName, load_spec_model
 from nitro.experiments.cells import cell_config, expand_cells
 
 SENSITIVITY_KEYS = ("scaler.decay", "scaler.window", "detector.subset_size")
@@ -99,18 +99,7 @@ def load_spec(source: str | os.PathLike | Mapping[str, Any], overrides: Sequence
 
     ``overrides`` are extra dotted config overrides appended to the spec's (e.g. ``home=/tmp/x``).
     Every cell's config is built once here, so a bad base config fails before anything runs."""
-    if isinstance(source, Mapping):
-        data = dict(source)
-        where = "spec"
-    else:
-        where = str(source)
-        data = read_yaml_mapping(source, "experiment spec", ExperimentError)
-    if overrides:
-        data = {**data, "overrides": list(data.get("overrides") or []) + list(overrides)}
-    try:
-        spec = ExperimentSpec.model_validate(data)
-    except ValidationError as exc:
-        raise ExperimentError(validation_message(exc, "experiment spec")) from None
+    spec, where = load_spec_model(source, overrides, ExperimentSpec, "experiment spec", ExperimentError)
     try:
         for cell in expand_cells(spec, sensitivity=True):
             cell_config(spec, cell)
