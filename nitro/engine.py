@@ -179,7 +179,7 @@ class Trainer:
         while the previous round's actors acted. None when there is nothing fresh to probe."""
         self._start(k)
         fresh = update is None or update.samples > 0
-        if not self.config.detector.enabled or not fresh or self.learner.trained_samples() == 0:
+        if not self.config.detector.runs_for(self.config.scaler.name) or not fresh or self.learner.trained_samples() == 0:
             return None
         if self._deadline is not None and time.perf_counter() > self._deadline:
             log.warning("round %d: detection skipped: the budget's deadline for this round's update has passed", k)

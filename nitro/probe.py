@@ -124,10 +124,11 @@ def actor_counts(spec: ProbeSpec) -> tuple[int, int]:
 
 def _plain_run(spec: ProbeSpec, seed: int, extra: list[str]) -> NitroConfig:
     """The base config as a plain run of ``seed``: the fixed scaler at the plain actor count, no
-    budget, in the probe's MLflow experiment; then ``extra``. Trunk and arms differ only there."""
+    budget, in the probe's MLflow experiment, R computed every round (the fixed scaler does not
+    read it, the probe does); then ``extra``. Trunk and arms differ only there."""
     plain, _ = actor_counts(spec)
     return _load(spec, [f"seed={seed}", "scaler.name=fixed", f"scaler.fixed_actors={plain}", "budget_usd=null",
-                        f"tracking.experiment={spec.name}", *extra])
+                        "detector.enabled=true", f"tracking.experiment={spec.name}", *extra])
 
 
 def trunk_run_id(spec: ProbeSpec, seed: int) -> str:

@@ -28,7 +28,7 @@ def _run(tmp_path, redis_url, run_id, **params):
 
 def test_impact_asynchronous_on_hopper(prefect_api, tmp_path, redis_url):
     result, h = _run(tmp_path, redis_url, "impact-hopper", algo="impact", rounds=3,
-                     overrides=["steps_per_actor=256"])
+                     overrides=["steps_per_actor=256", "detector.enabled=true"])
     assert result["rounds_done"] == 3
     assert h["env_steps"] == [512.0] * 3 and h["actors_failed"] == [0.0] * 3
     assert all(s > 0 for s in h["learner_s"])  # it learned during every round, round 0 included

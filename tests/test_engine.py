@@ -130,8 +130,20 @@ def test_a_slow_first_update_stays_within_the_budget(redis_url, pool):
     assert reports[1].metrics["learner_s"] >= 4.0
 
 
+@pytest.mark.parametrize("enabled", [None, True])
+def test_detection_runs_only_where_something_reads_it(redis_url, pool, enabled):
+    """The fixed scaler never reads R: by default its rounds skip the Hessian (work nothing uses);
+    ``detector.enabled=true`` (what the probe's plain runs set) computes and logs it anyway."""
+    trainer = _trainer(redis_url, f"eng-detect-{enabled}", rounds=2, scaler={"name": "fixed", "fixed_actors": 2},
+                       detector={"subset_size": 128, "enabled": enabled})
+    scored = drive(trainer, pool, 2)[1].metrics
+    assert math.isnan(scored["hessian_R"]) is (enabled is None)
+    assert (scored["detection_s"] > 0) is (enabled is True)
+
+
 def test_an_update_stops_at_its_deadline(redis_url, pool):
-    trainer = _trainer(redis_url, "eng-deadline", rounds=2, scaler={"name": "fixed", "fixed_actors": 2})
+    trainer = _trainer(redis_url, "eng-deadline", rounds=2, scaler={"name": "fixed", "fixed_actors": 2},
+                       detector={"subset_size": 128, "enabled": True})
     drive(trainer, pool, 1)
     trainer._deadline = time.perf_counter() - 1.0  # what a budget decision sets; already passed
     report = trainer.update_policy(1)
