@@ -13,15 +13,17 @@ boosting-detection, scaling-decision, publish-weights, plan-invocations, launch-
 invoke-actor tasks, end-round; ``NO_CACHE`` like ours) and N mapped ``invoke-actor`` tasks, each
 returning at once. A round's wall time here is pure orchestration: the subflow's creation and state
 transitions, its parent task run, the task runs and their events. Between rounds the parent
-sleeps --pause-s (unmeasured), as a real round's work would leave the server time to record the
-last round's task runs; back to back, every other subflow start waited ~2 s for those writes.
+sleeps as long as the real round's work takes (--pause-s; unmeasured), which leaves the server the
+time it has in a real run to record the last round's task runs; back to back, every other subflow
+start waited ~2 s for those writes.
 
 Against ``ephemeral`` (no PREFECT_API_URL: Prefect's temporary server on SQLite, the quick start's
 path) and ``server`` (a ``prefect server start`` on SQLite started here), each in a fresh child
 process with the settings every Nitro entry point applies (flows/settings.py). Reported per API and
 N: the median and the 90th percentile of a round's wall time over --rounds rounds (the first two,
 warm-up, left out), and what that floor is as a share of a steady Hopper-v5 round whose work took
-``--work-s`` seconds (default: the 8-actor round's work measured by orchestration_overhead.py).
+``--work-s`` seconds (default: the work of the real round with N actors, from
+bench/results/orchestration_overhead_after_fix.json).
 """
 
 from __future__ import annotations
@@ -120,12 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--actors", default="8,16,64")
     p.add_argument("--apis", default="ephemeral,server")
-    p.add_argument("--rounds", type=int, default=12)
-    p.add_argument("--pause-s", type=float, default=2.0,
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--pause-s", type=float, default=None,
                    help="idle time between rounds, unmeasured: a real round's work, during which the server "
-                        "records the last round's task runs (back to back, the next subflow waits ~2 s for it)")
+                        "records the last round's task runs (back to back, the next subflow waited ~2 s for "
+                        "it). Default: the work of the real round with as many actors (or 2 s)")
     p.add_argument("--work-s", type=float, default=None,
-                   help="work of a steady round to compare with (default: per N, from orchestration_overhead.json)")
+                   help="work of a steady round to compare with (default: per N, from orchestration_overhead_after_fix.json)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefect_floor.json"))
     p.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-actors", type=int, default=0, help=argparse.SUPPRESS)
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     reference = {}
-    ref_file = ROOT / "bench" / "results" / "orchestration_overhead.json"
+    ref_file = ROOT / "bench" / "results" / "orchestration_overhead_after_fix.json"
     if ref_file.exists():  # the steady round's work (learner + detection + actors) per API and N
         for label, entry in json.loads(ref_file.read_text()).get("share", {}).items():
             s = entry.get("summary_steady_rounds") or {}
@@ -148,12 +151,13 @@ def main(argv: list[str] | None = None) -> int:
         server = _Server(workdir / "server") if api == "server" else None
         try:
             for n in (int(x) for x in args.actors.split(",")):
-                times = run_child(n, args.rounds, args.pause_s, server.url if server else None, workdir)
+                work = args.work_s if args.work_s is not None else reference.get(f"{api}/{n} actors")
+                pause = args.pause_s if args.pause_s is not None else (work or 2.0)
+                times = run_child(n, args.rounds, pause, server.url if server else None, workdir)
                 steady = sorted(times[WARMUP:])
                 median = statistics.median(steady)
                 p90 = steady[min(len(steady) - 1, int(0.9 * len(steady)))]
-                work = args.work_s if args.work_s is not None else reference.get(f"{api}/{n} actors")
-                row = {"round_s_median": median, "round_s_p90": p90, "rounds": times,
+                row = {"round_s_median": median, "round_s_p90": p90, "rounds": times, "pause_s": pause,
                        "work_s_compared": work, "floor_share": (median / (work + median)) if work else None}
                 results[f"{api}/{n} actors"] = row
                 share = f"{100 * row['floor_share']:.1f}% of a round whose work takes {work:.2f} s" if work else ""
@@ -167,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"bench": "prefect_floor", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                           "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
-              "versions": {"prefect": prefect.__version__}, "rounds": args.rounds, "pause_s": args.pause_s, "warmup_rounds_left_out": WARMUP,
+              "versions": {"prefect": prefect.__version__}, "rounds": args.rounds, "warmup_rounds_left_out": WARMUP,
               "results": results}
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")

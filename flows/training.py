@@ -51,7 +51,7 @@ async def train(
     rounds: Annotated[int, Field(ge=1)] = 50,
     seed: Annotated[int, Field(ge=0)] = 0,
     budget_usd: Annotated[float, Field(ge=0)] = 0.0,
-    steps_per_actor: Annotated[int, Field(ge=1)] = 512,
+    steps_per_actor: Annotated[int, Field(ge=0)] = 0,
     backend: Literal["local", "lambda"] = "local",
     overrides: Sequence[str] = (),
     config_path: str = "",
@@ -70,7 +70,8 @@ async def train(
         rounds: How many training rounds to run at most (numbered 0 to rounds-1).
         seed: Random seed; a run is reproducible from its config and seed.
         budget_usd: Stop once this much money is spent (learner plus actors); 0 means no limit.
-        steps_per_actor: Environment steps each actor collects per round (paper: 256-512).
+        steps_per_actor: Environment steps each actor collects per round; 0 means the preset's
+            (256 on MuJoCo and 128 on Atari; the paper's preset: 512 and 32).
         backend: Where actors run: local processes on the worker, or AWS Lambda.
         overrides: Any other config field as key=value, one per item, e.g. ppo.lr=1e-4,
             scaler.fixed_actors=16, eval.every_rounds=5 (`nitro config` lists them all).

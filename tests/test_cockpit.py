@@ -54,10 +54,14 @@ def test_form_defaults_are_the_built_in_config():
     assert config_from_parameters(DEFAULTS) == NitroConfig()
     built_in = NitroConfig()
     assert (DEFAULTS["env_id"], DEFAULTS["algo"], DEFAULTS["scaler"], DEFAULTS["rounds"], DEFAULTS["seed"],
-            DEFAULTS["steps_per_actor"], DEFAULTS["backend"]) == (
-        built_in.env_id, built_in.algo, built_in.scaler.name, built_in.rounds, built_in.seed,
-        built_in.steps_per_actor, built_in.backend.kind)
+            DEFAULTS["backend"]) == (
+        built_in.env_id, built_in.algo, built_in.scaler.name, built_in.rounds, built_in.seed, built_in.backend.kind)
     assert built_in.budget_usd is None and DEFAULTS["budget_usd"] == 0  # 0: no limit
+    # 0: the preset's, which depends on the env: a prefilled 256 would be sent as the user's choice
+    assert DEFAULTS["steps_per_actor"] == 0 and built_in.steps_per_actor == 256
+    atari = config_from_parameters({**DEFAULTS, "env_id": "ALE/Qbert-v5"})
+    assert atari.steps_per_actor == 128
+    assert config_from_parameters({**DEFAULTS, "env_id": "ALE/Qbert-v5", "steps_per_actor": 256}).steps_per_actor == 256
 
 
 def test_fields_left_at_their_default_keep_the_config_files_values(tmp_path: Path):
