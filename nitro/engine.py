@@ -176,10 +176,12 @@ class Trainer:
     def detect(self, k: int, update: UpdateReport | None = None) -> Detection | None:
         """Hessian extremes of the surrogate on a subset of the batch the learner last trained
         on: this round's ``update``, or (off-policy, ``update=None``) the latest update made
-        while the previous round's actors acted. None when there is nothing fresh to probe."""
+        while the previous round's actors acted. None when there is nothing fresh to probe or
+        nothing reads R (``DetectorConfig.runs_for``)."""
         self._start(k)
         fresh = update is None or update.samples > 0
-        if not self.config.detector.runs_for(self.config.scaler.name) or not fresh or self.learner.trained_samples() == 0:
+        wanted = self.config.detector.runs_for(self.config.scaler.name)
+        if not wanted or not fresh or self.learner.trained_samples() == 0:
             return None
         if self._deadline is not None and time.perf_counter() > self._deadline:
             log.warning("round %d: detection skipped: the budget's deadline for this round's update has passed", k)
