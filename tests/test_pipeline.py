@@ -28,7 +28,7 @@ ROUNDS = 3
 
 def _overrides(home: Path, uri: str, redis_url: str | None = None) -> list[str]:
     out = [
-        f"rounds={ROUNDS}", "steps_per_actor=128", "scaler.name=fixed", "scaler.fixed_actors=2",
+        f"rounds={ROUNDS}", "steps_per_actor=128", "scaler.name=fixed", "scaler.fixed_actors=2", "detector.enabled=true",
         "backend.workers=2", "detector.subset_size=64", f"home={home}", f"tracking.mlflow_uri={uri}",
     ]
     if redis_url:

@@ -30,7 +30,7 @@ def pool():
 
 def _trainer(redis_url: str, run_id: str, home: Path) -> Trainer:
     cfg = NitroConfig.load({"steps_per_actor": 128, "home": str(home), "eval": {"every_rounds": 0},
-                            "detector": {"subset_size": 128}, "scaler": {"name": "fixed", "fixed_actors": 2}})
+                            "detector": {"subset_size": 128, "enabled": True}, "scaler": {"name": "fixed", "fixed_actors": 2}})
     return Trainer(cfg, run_id, TrajectoryCache(connect_redis(redis_url), run_id, ttl_s=600), actor_cache_url=redis_url)
 
 
