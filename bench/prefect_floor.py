@@ -1,6 +1,6 @@
 """The least a round can cost in Prefect: the round's flow of tasks with every task doing nothing.
 
-    python bench/prefect_floor.py [--actors 8,16,64] [--apis ephemeral,server] [--rounds 12]
+    python bench/prefect_floor.py [--actors 8,16,64] [--apis ephemeral,server] [--rounds 10]
                                   [--out bench/results/prefect_floor.json]
 
 Why: issue 15 asks for Prefect's and MLflow's share of a steady round to be at most 3% at 8, 16
@@ -43,6 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+
+from orchestration_overhead import PrefectServer  # noqa: E402
 
 WARMUP = 2
 
@@ -96,17 +98,6 @@ def child(actors: int, rounds: int, pause_s: float, out: Path) -> None:
     out.write_text(json.dumps(asyncio.run(train())))
 
 
-class _Server:
-    def __init__(self, workdir: Path):
-        from orchestration_overhead import PrefectServer
-
-        self.server = PrefectServer(workdir)
-        self.url = self.server.url
-
-    def stop(self) -> None:
-        self.server.stop()
-
-
 def run_child(actors: int, rounds: int, pause_s: float, api_url: str | None, workdir: Path) -> list[float]:
     out = workdir / f"floor-{actors}-{time.monotonic_ns()}.json"
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME")}
@@ -148,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="nitro-prefect-floor-"))
     results = {}
     for api in [a for a in args.apis.split(",") if a]:
-        server = _Server(workdir / "server") if api == "server" else None
+        server = PrefectServer(workdir / "server") if api == "server" else None
         try:
             for n in (int(x) for x in args.actors.split(",")):
                 work = args.work_s if args.work_s is not None else reference.get(f"{api}/{n} actors")

@@ -176,7 +176,7 @@ def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page):
     page.goto(f"{stack.prefect_ui}/deployments/deployment/{stack.deployment_id}")
     page.locator("li.p-tab", has_text="Parameters").click()
     row = page.locator("tr", has=page.get_by_text("steps_per_actor", exact=True))
-    expect(row).to_contain_text("0")  # 0: the preset's value for the chosen env
+    expect(row.get_by_role("cell", name="0", exact=True)).to_be_visible()  # 0: the preset's value for the env
     expect(row).to_contain_text("integer")
     _shot(page, "prefect-1-deployment-parameters")
 
