@@ -46,6 +46,8 @@ class PPOConfig(_Section):
     """PPO hyperparameters (paper Table 1, RLlib's tuned examples)."""
 
     lr: float = Field(5e-5, gt=0)
+    anneal_lr: bool = Field(False, description="decay lr linearly towards 0 over the run's rounds, as "
+                                   "CleanRL's PPO; off in both presets: it halved Hopper's return at 300k (docs/tuning.md)")
     gamma: float = Field(0.99, gt=0, le=1)
     gae_lambda: float = Field(0.95, ge=0, le=1)
     clip: float = Field(0.3, gt=0)

@@ -38,6 +38,7 @@ from nitro.cost import ledger_from_config
 from nitro.detector import Detection, detect_on_batch
 from nitro.envs import env_spec
 from nitro.learners import Learner, OffPolicyLearner, make_learner
+from nitro.learners.common import annealed_lr
 from nitro.scalers import RoundSignal, largest_affordable, make_scaler
 from nitro.serialization import dumps_tensors
 from nitro.validation import BatchError, decode_batch
@@ -149,6 +150,8 @@ class Trainer:
         failing (every minibatch had a non-finite loss or gradient) rather than go on with a
         learner that cannot learn from what it is given."""
         self.learner.update_deadline = self._deadline
+        if self.config.algo == "ppo" and self.config.ppo.anneal_lr:
+            self.learner.set_learning_rate(annealed_lr(self.config.ppo.lr, k, self.config.rounds))
         metrics = self.learner.update(batches)
         if metrics.get("skipped_minibatches", 0.0) > 0 and metrics.get("sgd_steps", 1.0) == 0:
             self.failed_updates += 1

@@ -141,6 +141,17 @@ def test_detection_runs_only_where_something_reads_it(redis_url, pool, enabled):
     assert (scored["detection_s"] > 0) is (enabled is True)
 
 
+@pytest.mark.parametrize("anneal", [True, False])
+def test_the_learning_rate_anneals_over_the_planned_rounds(redis_url, pool, anneal):
+    """``ppo.anneal_lr`` decays PPO's lr linearly over the run (CleanRL's schedule); off (both
+    presets' default) it stays constant. Round 3 of 4 makes the third and last update: 1/3 of it."""
+    trainer = _trainer(redis_url, f"eng-anneal-{anneal}", rounds=4, ppo={"anneal_lr": anneal},
+                       scaler={"name": "fixed", "fixed_actors": 2})
+    lrs = [r.metrics["ppo/lr"] for r in drive(trainer, pool, 4)[1:]]
+    lr = trainer.config.ppo.lr
+    assert lrs == pytest.approx([lr, 2 * lr / 3, lr / 3] if anneal else [lr] * 3)
+
+
 def test_an_update_stops_at_its_deadline(redis_url, pool):
     trainer = _trainer(redis_url, "eng-deadline", rounds=2, scaler={"name": "fixed", "fixed_actors": 2},
                        detector={"subset_size": 128, "enabled": True})

@@ -17,6 +17,7 @@ from nitro.models import Policy
 from nitro.learners import PPOLearner
 from nitro.learners.common import (
     adapt_kl_coef,
+    annealed_lr,
     discounted_return_trace,
     entropy_bonus,
     explained_variance,
@@ -104,6 +105,13 @@ def test_adapt_kl_coef_rllib_rule():
     assert adapt_kl_coef(0.2, kl=0.01, kl_target=0.01) == 0.2  # in the band: unchanged
     assert adapt_kl_coef(0.2, kl=0.02, kl_target=0.01) == 0.2  # exactly 2x target: not above
     assert adapt_kl_coef(0.2, kl=0.005, kl_target=0.01) == 0.2  # exactly 0.5x target: not below
+
+
+def test_annealed_lr_by_hand():
+    # 5 rounds = 4 updates (rounds 1-4): 3e-4 x (1, 3/4, 2/4, 1/4), then the 1/4 floor past the end
+    assert [annealed_lr(3e-4, k, rounds=5) for k in range(1, 7)] == pytest.approx(
+        [3e-4, 2.25e-4, 1.5e-4, 0.75e-4, 0.75e-4, 0.75e-4])
+    assert annealed_lr(3e-4, 1, rounds=1) == pytest.approx(3e-4)  # no update is planned: no decay either
 
 
 def test_value_loss_by_hand():

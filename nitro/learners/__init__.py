@@ -28,6 +28,9 @@ class Learner(Protocol):
     def update(self, batches: Sequence[Batch]) -> dict[str, float]:
         """Train on a round's batches; returns the update's metrics."""
 
+    def set_learning_rate(self, lr: float) -> None:
+        """The optimiser's learning rate from the next update on (a schedule sets it per round)."""
+
     def weights(self) -> dict[str, torch.Tensor]:
         """The policy's state dict (normaliser included) on the CPU: what actors run."""
 

@@ -292,6 +292,16 @@ def as_indices(indices: ArrayLike, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(np.asarray(indices), dtype=torch.long, device=device)
 
 
+def annealed_lr(lr: float, k: int, rounds: int) -> float:
+    """The learning rate of round k's update, decayed linearly over the run as CleanRL's PPO does.
+
+    Round k (k >= 1) updates on round k-1's data, so a run of ``rounds`` rounds makes
+    ``rounds - 1`` updates: the first (k = 1) at the full ``lr``, the last at ``lr / (rounds - 1)``,
+    never 0 (a round past the planned end, in a resumed run, keeps that floor)."""
+    updates = max(rounds - 1, 1)
+    return lr * max(1.0 - (k - 1) / updates, 1.0 / updates)
+
+
 def adapt_kl_coef(kl_coef: float, kl: float, kl_target: float) -> float:
     """RLlib's adaptive KL rule: x1.5 if kl > 2 x target, x0.5 if kl < 0.5 x target, else keep."""
     if kl > 2.0 * kl_target:
@@ -534,6 +544,11 @@ class ActorCriticLearner:
         # cap reserved only so much learner time for it (nitro/budget.py). None: no deadline.
         self.update_deadline: float | None = None
 
+    def set_learning_rate(self, lr: float) -> None:
+        """The learning rate from the next update on; Adam's moments are kept."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = float(lr)
+
     # -- what other modules read ----------------------------------------------------------------
 
     def policy_parameters(self) -> list[nn.Parameter]:
@@ -607,6 +622,7 @@ class ActorCriticLearner:
             "skipped_minibatches": float(skipped),
             "sgd_steps": float(n_steps),
             "update_cut_short": float(cut),
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
         })
         return metrics, n_steps
 
