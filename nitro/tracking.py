@@ -42,7 +42,7 @@ The engine produces exactly these names; ``nitro.compare`` and ``nitro.plots`` r
 index; the sentinel that says which rounds are logged; ``rounds done = last round + 1``), and a
 copy of each ``HEADLINE_METRICS`` value under ``Headline/<name>``. The copy is for the MLflow UI:
 it draws one chart section per ``prefix/`` in alphabetical order and puts unprefixed metrics
-last, so without it the 17 ``ppo/*`` charts came first and the score was one chart among 25.
+last, so without it the ``ppo/*`` charts came first and the score was one chart among two dozen.
 ``Headline/eval_return_mean`` carries the last evaluation forward (the canonical metric is NaN
 between evaluations), so the run list always shows a run's latest score. Readers (compare,
 reports, tests) keep using the canonical names.
