@@ -23,3 +23,12 @@ def apply_prefect_defaults() -> None:
     # round's subflow waited up to 2 s to create its task run (bench/orchestration_overhead.py).
     os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE", "200")
     os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_READ_BATCH_SIZE", "100")
+    # The temporary server that `nitro train` starts (no PREFECT_API_URL) has no UI and ends with the
+    # process, so nothing reads the events it would store; task runs are recorded from the event
+    # stream without them. Storing them still cost every seventh round or so a 503 and the client's
+    # 2 s back-off: the server creates the round subflow's task run in a transaction that reads
+    # before it writes, and SQLite refuses that write outright ("database is locked", whatever
+    # busy_timeout says) when the persister committed in between. 60 rounds, 8 actors: 0 stalls
+    # against 4 per 40 rounds, 1.27 s a round against 1.52 s (bench/orchestration_overhead.py).
+    # This setting only reaches a server this process starts; `prefect server start` keeps its own.
+    os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED", "false")
