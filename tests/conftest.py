@@ -15,6 +15,9 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 os.environ.setdefault("MUJOCO_GL", "disable")
 os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE", "100")
 os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE", "100")
+# as `nitro train`'s temporary server (flows/settings.py): the pipeline test's round graph then
+# shows that task runs are recorded without the event persister
+os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED", "false")
 os.environ.pop("NITRO_REDIS_URL", None)
 
 
