@@ -28,7 +28,8 @@ def apply_prefect_defaults() -> None:
     # stream without them. Storing them still cost every seventh round or so a 503 and the client's
     # 2 s back-off: the server creates the round subflow's task run in a transaction that reads
     # before it writes, and SQLite refuses that write outright ("database is locked", whatever
-    # busy_timeout says) when the persister committed in between. 60 rounds, 8 actors: 0 stalls
-    # against 4 per 40 rounds, 1.27 s a round against 1.52 s (bench/orchestration_overhead.py).
+    # busy_timeout says) when the persister committed in between. 60 rounds of 8 actors, side by
+    # side: 0 stalls and a 1.28 s mean round against 6 stalls and 1.45 s with events stored
+    # (bench/results/orchestration_events_{off,stored}.json).
     # This setting only reaches a server this process starts; `prefect server start` keeps its own.
     os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED", "false")
