@@ -7,17 +7,14 @@ import tempfile
 
 import pytest
 
+from flows.settings import apply_prefect_defaults
+
 # Keep Prefect and MLflow away from the user's home and from any server on a standard port.
 _TMP_HOME = tempfile.mkdtemp(prefix="nitro-tests-")
 os.environ.setdefault("PREFECT_HOME", os.path.join(_TMP_HOME, "prefect"))
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
-os.environ.setdefault("MUJOCO_GL", "disable")
-os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE", "100")
-os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE", "100")
-# as `nitro train`'s temporary server (flows/settings.py): the pipeline test's round graph then
-# shows that task runs are recorded without the event persister
-os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED", "false")
+# The Prefect settings `nitro train` runs under (flows/settings.py), not a hand-kept copy: the
+# session's API server then records task runs as the CLI's does, without the event persister.
+apply_prefect_defaults()
 os.environ.pop("NITRO_REDIS_URL", None)
 
 
