@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from nitro.tracking import CANONICAL_METRICS
 from tests.support.servers import (
+    create_flow_run,
     deploy_leaves_no_trace,
     flow_runs_named,
     prefect_cli,
@@ -78,7 +79,7 @@ def test_deployed_run_fails_retries_and_resumes(deployment):
     }
     with httpx.Client(base_url=api, timeout=30) as client:
         # 2. trigger a run the way the UI's "Run > Custom run" does
-        resp = client.post(f"/deployments/{dep['id']}/create_flow_run", json={"parameters": params})
+        resp = create_flow_run(client, dep['id'], params)
         assert resp.status_code == 201, resp.text
         flow_run_id = resp.json()["id"]
         run_id = "run-" + flow_run_id.replace("-", "")[:12]  # flows.training.default_run_id
@@ -124,7 +125,7 @@ def test_deployed_run_fails_retries_and_resumes(deployment):
 def test_bad_parameters_are_rejected_at_creation(deployment, parameters, field):
     api, dep, _, _ = deployment
     with httpx.Client(base_url=api, timeout=30) as client:
-        resp = client.post(f"/deployments/{dep['id']}/create_flow_run", json={"parameters": parameters})
+        resp = create_flow_run(client, dep['id'], parameters)
         assert 400 <= resp.status_code < 500, (resp.status_code, resp.text)
         detail = resp.text
         assert field in detail and "alidation" in detail, detail
@@ -139,7 +140,7 @@ def test_bad_override_fails_the_run_with_a_message_naming_the_field(deployment):
     api, dep, tmp, log = deployment
     params = {"rounds": 1, "overrides": ["scaler.i_min=32", "scaler.i_max=8", f"home={tmp / 'bad-home'}"]}
     with httpx.Client(base_url=api, timeout=30) as client:
-        resp = client.post(f"/deployments/{dep['id']}/create_flow_run", json={"parameters": params})
+        resp = create_flow_run(client, dep['id'], params)
         assert resp.status_code == 201, resp.text
         fr = wait_flow_run(client, resp.json()["id"], {"FAILED"}, 120, log)
     message = fr["state"]["message"] or ""

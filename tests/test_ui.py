@@ -36,6 +36,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.support.servers import (
+    create_flow_run,
     REPO,
     deploy_leaves_no_trace,
     flow_runs_named,
@@ -328,7 +329,7 @@ def two_finished_runs(stack: Stack) -> list[dict]:
     with httpx.Client(base_url=stack.api, timeout=30) as client:
         for seed in (0, 1):
             params = {"rounds": 2, "scaler": "fixed", "seed": seed, "config_path": str(stack.config_path)}
-            resp = client.post(f"/deployments/{stack.deployment_id}/create_flow_run", json={"parameters": params})
+            resp = create_flow_run(client, stack.deployment_id, params)
             assert resp.status_code == 201, resp.text
             fr = wait_flow_run(client, resp.json()["id"], {"COMPLETED"}, 420, stack.worker_log)
             runs.append(fr)

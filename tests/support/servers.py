@@ -89,6 +89,19 @@ def base_env() -> dict:
     return env
 
 
+def create_flow_run(client: httpx.Client, deployment_id: str, parameters: dict, timeout_s: float = 30.0) -> httpx.Response:
+    """POST a deployment's create_flow_run as the UI does, resending on 503 until ``timeout_s``:
+    the server's "retry" answer, which a SQLite server gives when the event persister committed
+    while it created the run (README, "Fan-out and orchestration"); Prefect's own client retries it
+    too. Any other answer is returned for the test to check."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        resp = client.post(f"/deployments/{deployment_id}/create_flow_run", json={"parameters": parameters})
+        if resp.status_code != 503 or time.monotonic() > deadline:
+            return resp
+        time.sleep(0.5)
+
+
 @dataclass
 class PrefectServer:
     api: str  # http://127.0.0.1:<port>/api
