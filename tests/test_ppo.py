@@ -322,16 +322,14 @@ def test_learner_update_improves_objective_and_changes_weights(hopper_batches):
         assert isinstance(m[key], float), key
     assert m["n_samples"] == 512.0
     assert m["kl"] > 0 and math.isfinite(m["grad_noise_tr_sigma"]) and m["grad_noise_tr_sigma"] > 0
-    # the round's statistics are merged AFTER the update (as SB3's VecNormalize): the KL anchor is
-    # the pre-update policy exactly as the actors ran it, statistics included, so their
-    # log-probabilities agree with it up to the numpy actor's rounding
+    # the round's statistics are merged BEFORE the update: the KL anchor is the pre-update policy
+    # read through the merged statistics, and the actors' log-probs differ from it only by that move
     assert float(learner.policy.obs_norm.count) == pytest.approx(1e-4 + 512)
-    assert float(before.obs_norm.count) == pytest.approx(1e-4)
+    before.obs_norm.load_state_dict(learner.policy.obs_norm.state_dict())
     with torch.no_grad():
         anchor = before.distribution(learner.trained_batch["obs"]).base_dist.loc
     assert torch.allclose(anchor, learner.trained_batch["old_loc"], atol=1e-6)
-    assert m["logp_drift"] < 1e-4
-    assert m["reward_scale"] == pytest.approx(1.0) and learner.reward_scale != pytest.approx(1.0)  # the update's scale, then the next round's
+    assert 0 < m["logp_drift"] < 0.5
     # adaptive KL applied after the update, from the whole-batch KL
     assert m["kl_coef"] == pytest.approx(adapt_kl_coef(m["kl_coef_used"], m["kl"], CFG.kl_target))
     assert learner.kl_coef == m["kl_coef"]

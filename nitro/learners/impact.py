@@ -501,8 +501,8 @@ class ImpactLearner(ActorCriticLearner):
         for b in new:
             self.replay.add(b, uses=1)
         metrics = self._train(new, replayed)
-        # Statistics are merged after training, as in PPO, so that V-trace's weights compare the
-        # target policy with exactly the behaviour policy.
+        # Unlike PPO (whose clipping tolerates stale ratios), statistics are merged after training,
+        # so that V-trace's weights compare the target policy with exactly the behaviour policy.
         self._merge_statistics(new)
         self.last_n_new_batches = len(new)
         metrics["seconds"] = time.perf_counter() - start

@@ -252,25 +252,24 @@ class PPOLearner(ActorCriticLearner):
     def update(self, batches: Sequence[Batch]) -> dict[str, float]:
         """One PPO update on a round's batches; returns metrics (floats).
 
-        Order matters: (1) prepare the batch with the observation and reward statistics the
-        actors acted under; (2) gradient noise scale at the pre-update parameters (kungfu only);
+        Order matters: (1) fold the round's raw observations into policy.obs_norm and its
+        discounted returns into the reward statistics, then prepare the batch with them, frozen
+        for the update; (2) gradient noise scale at the pre-update parameters (kungfu only);
         (3) epochs x minibatches of Adam with per-minibatch advantage normalisation and gradient
         clipping; (4) exact KL of the final policy against the pre-update one on the whole batch
-        -> adaptive KL coefficient (2-4: ``_optimise``); (5) fold the round's raw observations
-        into policy.obs_norm and its discounted returns into the reward statistics, for the next
-        round's actors and update.
-        Merging last is what SB3 does (VecNormalize stores observations as they were normalised
-        when collected): the update trains on exactly the features the actors saw, so the first
-        epoch's ratios start at 1 (``logp_drift`` ~ 0: only the numpy actor's rounding). Merging
-        first, the order until 2026-11-24, trains on fresher features but starts every ratio off 1
-        by the statistics' move, and clipping then discards part of the batch; on Hopper-v5 it
-        ended lower, most of all with sampled actions (docs/tuning.md has the numbers).
+        -> adaptive KL coefficient (2-4: ``_optimise``).
+        Merging first means the actors acted under slightly older statistics than the update
+        sees, so the first epoch's ratios start a little off 1 (``logp_drift`` reports by how
+        much; clipping bounds it). Merging after the update instead keeps them at exactly 1 but
+        trains every round on features and value targets one round stale, and on the first round
+        on the prior (mean 0, variance 1). Merging first was the best of the three orders tried
+        on Hopper-v5 (docs/tuning.md has the numbers).
         """
         start = time.perf_counter()
         cfg = self.cfg
         self.policy.train()
         self.critic.train()
-        reward_scale = self.reward_scale  # the update's; the merge below sets the next round's
+        self._merge_statistics(batches)
         data = self.prepare(batches)
 
         def total_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -282,12 +281,11 @@ class PPOLearner(ActorCriticLearner):
 
         metrics, _ = self._optimise(data, lambda idx: ppo_objective(self.policy, data, idx, **self._coefs())(),
                                     total_loss, epochs=cfg.epochs)
-        self._merge_statistics(batches)
         metrics.update(
             {
                 "explained_variance": common.explained_variance(data["values"], data["returns"]),
                 "logp_drift": float((data["logp"] - common.dist_from_params(data).log_prob(data["actions"])).abs().mean()),
-                "reward_scale": reward_scale,
+                "reward_scale": self.reward_scale,
                 "n_samples": float(len(data["rewards"])),
                 "seconds": time.perf_counter() - start,
             }
