@@ -21,7 +21,7 @@ What happens to an episode whose actor failed: it is dropped. The snapshot the f
 started from is not handed out again (its steps up to that point were trained on already, and
 the failed invocation may have written part of a continuation), so the episode is never scored
 and a fresh one takes its slot. The learner side of this (which snapshot goes to which
-invocation) is ``EpisodePool`` in ``nitro/engine.py``.
+invocation) is ``Engine.actor_events`` and ``Engine.open_episodes`` in ``nitro/engine.py``.
 
 Environments whose state cannot be captured (anything but gymnasium's MuJoCo envs and ALE
 games, today) are reset at the start of every invocation, as before; ``can_snapshot`` says which.

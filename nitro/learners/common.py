@@ -107,8 +107,13 @@ def training_rewards(rewards: np.ndarray, is_atari: bool, reward_scale: float) -
 def discounted_return_trace(rewards: np.ndarray, episode_end: np.ndarray, gamma: float) -> np.ndarray:
     """Forward running discounted return R_t = gamma * R_{t-1} + r_t, reset after an episode end.
 
-    SB3 VecNormalize scales rewards by the std of exactly this quantity; each actor batch starts a
-    fresh trace (actors reset their env at the start of every rollout).
+    SB3 VecNormalize scales rewards by the std of exactly this quantity. Each actor batch starts a
+    fresh trace, also where its episode continues one an earlier invocation left unfinished
+    (nitro/episodes.py): the trace of the steps before is not carried. Late in a run, when
+    episodes span several batches, the std is therefore somewhat larger than SB3's over one
+    unbroken trace (by about 1.3x for 256-step batches of steady reward inside 1000-step
+    episodes), so the reward scale is smaller; advantages are normalised per minibatch, so only
+    the scale of the critic's targets feels it.
     """
     out = np.empty(len(rewards), dtype=np.float64)
     running = 0.0
