@@ -54,7 +54,7 @@ class ObsNorm(nn.Module):
     """Running mean and variance of raw observations (parallel Welford merge).
 
     Frozen during a round: actors normalise with the statistics they received, and the learner
-    merges the round's raw observations in after its update.
+    merges the round's raw observations in (PPO before its update, IMPACT after it).
     """
 
     def __init__(self, shape: tuple[int, ...]):
