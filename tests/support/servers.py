@@ -94,12 +94,12 @@ def create_flow_run(client: httpx.Client, deployment_id: str, parameters: dict, 
     the server's "retry" answer, which a SQLite server gives when the event persister committed
     while it created the run (README, "Fan-out and orchestration"); Prefect's own client retries it
     too. Any other answer is returned for the test to check."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def answer() -> httpx.Response | None:
         resp = client.post(f"/deployments/{deployment_id}/create_flow_run", json={"parameters": parameters})
-        if resp.status_code != 503 or time.monotonic() > deadline:
-            return resp
-        time.sleep(0.5)
+        return None if resp.status_code == 503 else resp
+
+    return wait_until(answer, timeout_s, f"create_flow_run of deployment {deployment_id} (503 throughout)")
 
 
 @dataclass
