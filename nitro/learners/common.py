@@ -425,9 +425,9 @@ def gradient_noise_scale(policy_loss: Callable[[torch.Tensor], torch.Tensor], pa
 
 def merge_round_statistics(policy: Policy, reward_stats: RunningMeanStd | None,
                            batches: Sequence[Mapping[str, np.ndarray]], is_atari: bool, gamma: float) -> None:
-    """After an update: the batches' raw observations into the policy's normaliser, and their raw
-    discounted returns (sign-clipped rewards on Atari) into the reward-scale statistics (None: no
-    reward scaling)."""
+    """The batches' raw observations into the policy's normaliser, and their raw discounted
+    returns (sign-clipped rewards on Atari) into the reward-scale statistics (None: no reward
+    scaling). PPO calls it before its update, IMPACT after (``PPOLearner.update`` says why)."""
     if policy.obs_norm is not None:
         for b in batches:
             if len(b["obs"]):
@@ -656,8 +656,8 @@ class ActorCriticLearner:
         return sums, n_steps, skipped, False
 
     def _merge_statistics(self, batches: Sequence[Mapping[str, np.ndarray]]) -> None:
-        """After an update (new batches only): raw observations into the policy's normaliser, raw
-        discounted returns (sign-clipped rewards on Atari) into the reward-scale statistics."""
+        """``merge_round_statistics`` on a round's new batches (never replayed ones), with this
+        learner's reward statistics when it scales rewards."""
         stats = self.reward_stats if self.cfg.normalize_rewards else None
         merge_round_statistics(self.policy, stats, batches, self.spec.is_atari, self.cfg.gamma)
 
