@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -30,11 +29,13 @@ def run_overrides(home: Path) -> list[str]:
     return [f"home={home}", f"tracking.mlflow_uri=sqlite:///{home}/mlflow.db"]
 
 
-def machine() -> dict:
-    import torch
+def machine(**measured: object) -> dict:
+    """Where a result was measured: ``nitro.experiments.machine.machine_info`` (CPU model, package
+    versions, commit: the same seed and code learn differently on an Intel and an AMD CPU), plus
+    what the caller measured about it (load averages, pinning)."""
+    from nitro.experiments.machine import machine_info
 
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__}
+    return {**machine_info(), **measured}
 
 
 # -- the local Lambda Invoke API server, for the fan-out and orchestration benchmarks ----------------

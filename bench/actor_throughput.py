@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -32,6 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from _common import machine  # noqa: E402
+
 ENV_ID = "Hopper-v5"
 
 
@@ -127,8 +128,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "actor_throughput.json")
     args = ap.parse_args()
 
-    import torch
-
     from nitro.actors.events import ActorEvent, invocation_id
     from nitro.actors.local import LocalActorPool
     from nitro.cache import LocalRedisServer, TrajectoryCache, connect_redis
@@ -208,15 +207,8 @@ def main() -> None:
         "batch_bytes_per_actor": batch_bytes,
         "local_path": "LocalActorPool.invoke_many -> run_actor (weights from Redis, rollout, safetensors, SET NX + RPUSH) -> summary",
         "bare_path": "env.step + Policy.sample in a plain loop, nothing stored",
-        "machine": {
-            "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "load_avg_before": [round(x, 2) for x in load_before],
-            "load_avg_after": [round(x, 2) for x in os.getloadavg()],
-            "note": "shared 2-core machine; other sessions were running",
-        },
+        "machine": machine(load_avg_before=[round(x, 2) for x in load_before],
+                           load_avg_after=[round(x, 2) for x in os.getloadavg()]),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -33,6 +32,8 @@ from nitro.detector import detect_on_batch, hessian_extremes, pyhessian_extremes
 from nitro.envs import env_spec  # noqa: E402
 from nitro.learners import PPOLearner  # noqa: E402
 from nitro.rollout import rollout  # noqa: E402
+
+from _common import machine  # noqa: E402
 
 ACTORS, STEPS_PER_ACTOR = 8, 512  # 4096 steps per round
 
@@ -217,7 +218,7 @@ def main() -> None:
     out = {
         "env": "Hopper-v5", "policy": "2x256 tanh", "n_params": n_params, "steps_per_round": ACTORS * STEPS_PER_ACTOR,
         "lanczos_steps": args.steps, "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "machine": platform.platform(), "cpu_count": os.cpu_count(),
+        "machine": machine(),
         "note": ("CPU only, 2 cores shared with other jobs: timings are noisy. 'round_sequential' collects the "
                  "4096 steps in this process one actor after another; 'round_parallel_actors' takes the slowest "
                  "actor as the collection time (actors run concurrently), which is the more demanding share. "

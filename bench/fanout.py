@@ -39,7 +39,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -50,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import fake_aws_credentials, start_invoke_server, stop_process, tree_cpu_s  # noqa: E402
+from _common import fake_aws_credentials, machine, start_invoke_server, stop_process, tree_cpu_s  # noqa: E402
 
 FUNCTION = "nitro-actor-bench"
 
@@ -243,8 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         "simulated_duration_s": args.duration,
         "rounds_per_size": args.rounds,
         "ratio_largest_over_smallest": ratios,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    "loadavg_before": load_before, "loadavg_at_end": os.getloadavg(), "pinning": pinning},
+        "machine": machine(loadavg_before=load_before, loadavg_at_end=os.getloadavg(), pinning=pinning),
         "server": {"kind": "tests.support.lambda_invoke_server (aiohttp, real handler in simulate mode)",
                    "processes": 2, "threads_per_worker": tpw, "reserved_concurrency": top + 16,
                    "note": "server_cpu_s and redis_cpu_s are the emulated service's cost; on AWS it runs elsewhere"},

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import fake_aws_credentials, start_invoke_server, stop_process  # noqa: E402
+from _common import fake_aws_credentials, machine, start_invoke_server, stop_process  # noqa: E402
 
 FUNCTION = "nitro-actor-cpu"
 CLIENTS = ("boto3-threads", "boto3-processes", "aiobotocore", "aiohttp-sigv4")
@@ -213,8 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             stop_process(proc)
     report = {"benchmark": "invoker_cpu: client CPU per invoke and dispatch spread, per client",
               "n": args.n, "rounds": args.rounds, "simulated_duration_s": args.duration,
-              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                          "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+              "machine": machine(loadavg_before=load_before, loadavg_after=os.getloadavg()),
               "results": results, "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

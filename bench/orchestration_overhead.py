@@ -46,7 +46,6 @@ import asyncio
 import functools
 import json
 import os
-import platform
 import re
 import shutil
 import socket
@@ -63,7 +62,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import fake_aws_credentials, start_invoke_server, stop_process  # noqa: E402
+from _common import fake_aws_credentials, machine, start_invoke_server, stop_process  # noqa: E402
 
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 POSTGRES_SH = ROOT / "deployments" / "prefect" / "postgres.sh"
@@ -498,8 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "orchestration_overhead",
         "target_share": TARGET_SHARE,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "machine": machine(loadavg_before=load_before, loadavg_after=os.getloadavg()),
         "versions": {"prefect": prefect.__version__, "mlflow": mlflow.__version__, "torch": torch.__version__},
         "prefect_env": {k: v for k, v in os.environ.items() if k.startswith("PREFECT_SERVER_SERVICES")},
         "config": {"env_id": "Hopper-v5", "algo": "ppo", "scaler": "fixed", "steps_per_actor": args.steps,

@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from _common import machine  # noqa: E402
 from orchestration_overhead import PrefectServer  # noqa: E402
 
 WARMUP = 2
@@ -160,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     import prefect
 
     report = {"bench": "prefect_floor", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                          "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+              "machine": machine(loadavg_before=load_before, loadavg_after=os.getloadavg()),
               "versions": {"prefect": prefect.__version__}, "rounds": args.rounds, "warmup_rounds_left_out": WARMUP,
               "results": results}
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
