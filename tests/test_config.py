@@ -18,9 +18,11 @@ def test_default_preset_is_tuned_and_yields_to_what_the_user_sets():
     cfg = NitroConfig()
     assert cfg.preset == "nitro"
     assert (cfg.ppo.lr, cfg.ppo.clip, cfg.ppo.kl_coef, cfg.ppo.vf_coef, cfg.ppo.minibatch_size) == (3e-4, 0.2, 0.0, 0.5, 64)
+    assert (cfg.impact.minibatch_size, cfg.impact.entropy_coef, cfg.impact.lr) == (64, 0.0, 5e-4)  # else the paper's
     assert cfg.scaler.i_max == 64  # the scaler's defaults are the paper's in both presets
     atari = NitroConfig(env_id="ALE/Qbert-v5")
     assert (atari.ppo.lr, atari.ppo.clip, atari.ppo.entropy_coef, atari.steps_per_actor) == (2.5e-4, 0.1, 0.01, 128)
+    assert (atari.impact.minibatch_size, atari.impact.entropy_coef) == (512, 0.01)  # IMPACT on images: the paper's
     mine = NitroConfig.load({"ppo": {"lr": 1e-3}}, ["preset=paper"])
     assert mine.ppo.lr == 1e-3 and mine.ppo.kl_coef == 0.2  # the user's value over the preset's
     # a dumped config reloads to itself, whatever the preset
