@@ -18,7 +18,7 @@ import json
 
 from _common import RESULTS
 
-from nitro.plots import mean_ci95  # _common puts the repository on the path
+from nitro.plots import mean_ci95  # setup.sh installs the package into .venv
 
 LEARNERS = ("nitro", "sb3")
 MODES = ("deterministic", "stochastic")
@@ -51,7 +51,8 @@ def main() -> None:
     for env, cells in final_evaluations(args.files).items():
         row: dict = {}
         for learner, cell in cells.items():
-            row[learner] = {"runs": len(cell["wall_s"]), "wall_s_mean": round(sum(cell["wall_s"]) / len(cell["wall_s"]), 1)}
+            row[learner] = {"runs": len(cell["wall_s"]), "wall_s_mean": round(sum(cell["wall_s"]) / len(cell["wall_s"]), 1),
+                            "sources": cell["source"]}  # the file of each run, in the order of "values"
             for mode in MODES:
                 mean, half = mean_ci95(cell[mode])
                 row[learner][mode] = {"mean": round(mean, 1), "ci95": round(half, 1), "values": [round(v, 1) for v in cell[mode]]}
