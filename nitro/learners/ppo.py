@@ -39,7 +39,6 @@ from torch import nn
 from torch.distributions import Distribution
 
 from nitro.config import PPOConfig
-from nitro.envs import EnvSpec
 from nitro.learners import common
 from nitro.learners.common import ActorCriticLearner, ArrayLike, Tensors
 from nitro.models import Critic, Policy
