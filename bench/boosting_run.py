@@ -39,13 +39,13 @@ def main() -> None:
     client = MlflowClient(tracking_uri=f"sqlite:///{home}/mlflow.db")
     names = ("hessian_R", "lambda_max", "lambda_min", "boost_score", "actors_launched", "spend_round_usd",
              "spend_total_usd", "train_return_mean", "detection_s", "round_s")
-    series = {n: {m.step: m.value for m in client.get_metric_history(result["mlflow_run_id"], n)} for n in names}
+    series = {n: {m.step: m.value for m in client.get_metric_history(result.mlflow_run_id, n)} for n in names}
     rows = [{n: (None if math.isnan(series[n][k]) else round(series[n][k], 6)) for n in names} | {"round": k}
             for k in sorted(series["actors_launched"])]
     actors = [r["actors_launched"] for r in rows]
     summary = {
-        "rounds_done": result["rounds_done"], "stop_reason": result["stop_reason"], "budget_usd": args.budget,
-        "spend_usd": result["spend_usd"], "actors_min": min(actors), "actors_max": max(actors),
+        "rounds_done": result.rounds_done, "stop_reason": result.stop_reason, "budget_usd": args.budget,
+        "spend_usd": result.spend_usd, "actors_min": min(actors), "actors_max": max(actors),
         "distinct_actor_counts": sorted(set(actors)), "wall_s": round(wall, 1), "machine": machine(), "rounds": rows,
     }
     out = RESULTS / "boosting_run.json"
@@ -55,7 +55,7 @@ def main() -> None:
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         print(f"{r['round']:>5} {fmt(r['hessian_R'], '9.4f')} {fmt(r['boost_score'], '7.3f')} "
               f"{int(r['actors_launched']):>6} {r['spend_total_usd']:>9.5f} {fmt(r['train_return_mean'], '8.1f')}")
-    print(f"stopped by {result['stop_reason']} after {result['rounds_done']} rounds; spent ${result['spend_usd']:.5f} "
+    print(f"stopped by {result.stop_reason} after {result.rounds_done} rounds; spent ${result.spend_usd:.5f} "
           f"of ${args.budget}; actors in [{min(actors)}, {max(actors)}]; wrote {out}")
 
 

@@ -84,7 +84,7 @@ def main() -> None:
     for r in range(args.rounds):
         batches, actor_s, collect_s = collect(learner, r)
         t0 = time.perf_counter()
-        metrics = learner.update(batches)
+        metrics = learner.update(batches).diagnostics
         update_s = time.perf_counter() - t0
         # the detection of the round: on the update's batch, after the update (engine step 2)
         n = learner.trained_samples()

@@ -51,7 +51,7 @@ def nitro_run(env_id: str, seed: int, args: argparse.Namespace) -> dict:
               "deterministic": r["eval_return_mean"], "stochastic": r["eval_stochastic_return_mean"]}
              for r in history if r.get("eval_episodes", 0) > 0]
     return {"wall_s": round(wall, 1), "env_steps": int(history[-1]["env_steps_total"]),
-            "rounds": result["rounds_done"], "evals": evals,
+            "rounds": result.rounds_done, "evals": evals,
             "median_round_s": sorted(r["round_s"] for r in history)[len(history) // 2]}
 
 

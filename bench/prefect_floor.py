@@ -8,8 +8,8 @@ and 64 actors. bench/orchestration_overhead.py measures the share of the real ro
 the floor under it, the same shape with no work: a parent flow calls an ``async`` round subflow
 with the options of ``flows/round.py::training_round`` (``persist_result=False``,
 ``validate_parameters=False``, a ``ThreadPoolTaskRunner`` as ``flows/training.py`` gives it, one
-shared API client), whose body runs the round's eight tasks in order (policy-update,
-boosting-detection, scaling-decision, publish-weights, plan-invocations, launch-actors, the mapped
+shared API client), whose body runs the round's eight tasks in order (update-policy,
+detect-boosting, decide-actors, publish-weights, plan-invocations, launch-actors, the mapped
 invoke-actor tasks, end-round; ``NO_CACHE`` like ours) and N mapped ``invoke-actor`` tasks, each
 returning at once. A round's wall time here is pure orchestration: the subflow's creation and state
 transitions, its parent task run, the task runs and their events. Between rounds the parent
@@ -65,7 +65,7 @@ def child(actors: int, rounds: int, pause_s: float, out: Path) -> None:
         return step
 
     update, detect, decide, publish, plan, launch, end = (noop_task(n) for n in (
-        "policy-update", "boosting-detection", "scaling-decision", "publish-weights", "plan-invocations",
+        "update-policy", "detect-boosting", "decide-actors", "publish-weights", "plan-invocations",
         "launch-actors", "end-round"))
 
     @task(name="invoke-actor", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)

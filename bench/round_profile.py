@@ -77,7 +77,7 @@ def update_profile(env_id: str, overrides: list[str], actors: int) -> dict:
     profiler = cProfile.Profile()
     t = time.perf_counter()
     profiler.enable()
-    metrics = learner.update(batches)
+    metrics = learner.update(batches).diagnostics
     profiler.disable()
     seconds = time.perf_counter() - t
     text = io.StringIO()
@@ -96,7 +96,7 @@ def pipeline_rounds(env_id: str, overrides: list[str], actors: int, rounds: int)
     steady = state["history"][2:]  # round 0 has no update; round 1 is the first (statistics) update
     keys = ("round_s", "learner_s", "detection_s", "actor_s", "orchestration_s")
     med = {k: statistics.median(r[k] for r in steady) for k in keys}
-    return {"rounds": result["rounds_done"], "median": med,
+    return {"rounds": result.rounds_done, "median": med,
             "shares": {k: med[k] / med["round_s"] for k in keys if k != "round_s"}}
 
 

@@ -21,6 +21,10 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nitro.run_result import RunResult
 
 
 def _prefect_defaults() -> None:
@@ -52,7 +56,7 @@ def _setup_logging() -> None:
     logger.propagate = False
 
 
-def _run_flow(config_path: str | None, overrides: list[str], run_id: str | None) -> dict:
+def _run_flow(config_path: str | None, overrides: list[str], run_id: str | None) -> RunResult:
     import asyncio
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -125,6 +129,7 @@ def cmd_profile_actor(args: argparse.Namespace) -> int:
     not slower. Lambda: one alias per size, ``mem<N>`` (``nitro deploy-lambda --profile-memory``)."""
     from nitro.actors.profile import profile_actor
     from nitro.config import NitroConfig
+    from nitro.engine import Decision
     from nitro.runtime import make_backend, open_run
 
     config = NitroConfig.from_yaml(args.config, args.overrides)
@@ -141,21 +146,23 @@ def cmd_profile_actor(args: argparse.Namespace) -> int:
 
     with open_run(config.model_copy(update={"backend": config.backend.model_copy(update={"workers": 1})}),
                   "profile-actor") as ctx:
-        template = ctx.trainer.actor_events(0, 1, ctx.trainer.publish_weights(0))[0]
+        training = ctx.training
+        decision = Decision(n_actors=1, wanted=1, reason="profile-actor")
+        template = training.plan_invocations(0, decision, training.publish_weights(0))[0]
         report = profile_actor(factory, sizes, template, repeats=args.repeats)
     print(report.table())
     return 0
 
 
-def _print_result(result: dict) -> None:
-    ret, at = result.get("final_eval_return"), result.get("final_eval_round")
+def _print_result(result: RunResult) -> None:
+    ret, at = result.final_eval_return, result.final_eval_round
     score = "not evaluated" if ret is None else f"{ret:.1f} (evaluation in round {at}: whole episodes, mean action)"
-    print(f"run {result['run_id']}: {result['rounds_done']} rounds, stopped by {result['stop_reason']}, "
-          f"final return {score}, spend ${result['spend_usd']:.4f}")
-    print(f"  MLflow:  {result.get('mlflow_url') or result['mlflow_run_id']}")
-    if result.get("prefect_url"):
-        print(f"  Prefect: {result['prefect_url']}")
-    print(f"  checkpoints: {result['checkpoints']}")
+    print(f"run {result.run_id}: {result.rounds_done} rounds, stopped by {result.stop_reason}, "
+          f"final return {score}, spend ${result.spend_usd:.4f}")
+    print(f"  MLflow:  {result.mlflow_url or result.mlflow_run_id}")
+    if result.prefect_url:
+        print(f"  Prefect: {result.prefect_url}")
+    print(f"  checkpoints: {result.checkpoints}")
 
 
 def _cmd_experiment(args: argparse.Namespace) -> int:

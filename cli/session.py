@@ -33,8 +33,8 @@ from nitro.processes import die_with_parent, on_main_thread
 log = logging.getLogger("nitro")
 
 LOG_FILE = "nitro.log"
-# Prefect's console handler shows only what is critical: a failed task, its subflow and its flow
-# each logged the same traceback to the terminal (three times over). The run's log file and
+# Prefect's console handler shows only what is critical: otherwise a failed task, its subflow and
+# its flow each log the same traceback to the terminal (three times over). The run's log file and
 # Prefect's own run logs (its API handler) still get everything.
 CONSOLE_LEVEL_ENV = ("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
 

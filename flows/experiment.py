@@ -82,8 +82,8 @@ def parent_run(tracker: RunTracker, tag: str, name: str, run_name: str, flow_run
                                run_view_type=ViewType.ACTIVE_ONLY, order_by=["attributes.start_time ASC"],
                                max_results=1)
     all_tags = {tag: name, "mlflow.runName": run_name, **(tags or {})}
-    # Not `prefect.flow_run_id`: RunTracker.find_run falls back to that tag, and a child run would
-    # then re-attach to the parent run instead of creating its own.
+    # Not `prefect.flow_run_id`: the parent run carries the same flow run as every child, so the
+    # tag would not tell them apart.
     if flow_run_id:
         all_tags[TAG_PARENT_FLOW_RUN] = flow_run_id
     if found:
@@ -194,13 +194,12 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
             if fail_fast:
                 break
             continue
-        mark_done(config, run_id, result)
-        results[cell.key] = {**result, "state": "ran"}
-        ret = result.get("final_eval_return")
+        mark_done(config, run_id, result.model_dump())
+        results[cell.key] = {**result.model_dump(), "state": "ran"}
+        ret = result.final_eval_return
         log.info("cell %d/%d %s: %d rounds, %s, final evaluation return %s, spend $%.4f", i, len(cells), cell.key,
-                 result["rounds_done"], result["stop_reason"],
-                 "n/a" if ret is None or (isinstance(ret, float) and math.isnan(ret)) else f"{ret:.1f}",
-                 result["spend_usd"])
+                 result.rounds_done, result.stop_reason,
+                 "n/a" if ret is None or math.isnan(ret) else f"{ret:.1f}", result.spend_usd)
 
     out_dir = Path(report_dir or spec.report_dir or Path("docs/results") / spec.name)
     notes.update({k: f"FAILED: {v}" for k, v in failed.items()})

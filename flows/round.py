@@ -1,11 +1,11 @@
-"""One training round as a Prefect flow of tasks (SPEC.md, paper §4 Fig. 6):
+"""One training round as a Prefect flow of tasks:
 
-    policy update -> boosting detection -> scaling decision -> mapped actor invocations
+    update policy -> detect boosting -> decide actors -> mapped actor invocations -> end round
 
 Each step's result is passed to the steps that use it, so the flow body is the round's data flow
 and Prefect's graph shows it. The flow is ``async`` on purpose: Prefect's sync flow engine joins
-its heartbeat thread on exit, which sleeps in 1 s steps, and that cost about 1.1 s per round; the
-async engine does not join. The tasks themselves are plain sync functions.
+its heartbeat thread on exit, which sleeps in 1 s steps and so costs about 1.1 s per round; the
+async engine does not join (docs/decisions.md). The tasks themselves are plain sync functions.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 
 from prefect import flow, unmapped
 
-from nitro.engine import RoundReport
+from nitro.engine import LatestUpdate, RoundReport, UpdateReport
 from tasks.actors import collect_summaries, invoke_actor, launch_actors, plan_invocations, publish_weights
 from tasks.bookkeeping import end_round
 from tasks.detection import detect_boosting
@@ -29,7 +29,7 @@ async def training_round(run_id: str, k: int) -> RoundReport:
     started = time.perf_counter()
     update = update_policy(run_id, k)
     detection = detect_boosting(run_id, k, update)
-    decision = decide_actors(run_id, k, detection, update)
+    decision = decide_actors(run_id, k, detection, update, started)
 
     weights_key = publish_weights(run_id, k)
     events = plan_invocations(run_id, k, decision, weights_key)
@@ -43,12 +43,12 @@ async def training_round(run_id: str, k: int) -> RoundReport:
 
 @flow(name="nitro-round-async", flow_run_name="{run_id}-round-{k}", persist_result=False, validate_parameters=False)
 async def asynchronous_round(run_id: str, k: int) -> RoundReport:
-    """Off-policy (IMPACT): detection and scaling use the updates made so far; then the policy
-    update runs *alongside* the actors, learning from each batch as it lands and replaying from
-    the buffer while none has (paper §4). The task timeline shows the overlap."""
+    """Off-policy (IMPACT): detection and the decision use the updates made so far; then the
+    policy update runs *alongside* the actors, learning from each batch as it lands and replaying
+    from the buffer while none has. The task timeline shows the overlap."""
     started = time.perf_counter()
-    detection = detect_boosting(run_id, k)
-    decision = decide_actors(run_id, k, detection)
+    detection = detect_boosting(run_id, k, LatestUpdate())
+    decision = decide_actors(run_id, k, detection, UpdateReport(), started)  # no update before the decision
 
     weights_key = publish_weights(run_id, k)
     events = plan_invocations(run_id, k, decision, weights_key)

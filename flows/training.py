@@ -22,8 +22,11 @@ from pydantic import Field
 
 from flows.round import asynchronous_round, training_round
 from nitro.checkpoint import run_dir
-from nitro.config import NitroConfig
+from nitro.config import NitroConfig, ScalerName
+from nitro.envs import PAPER_ENVS
+from nitro.engine import STOP_ROUNDS
 from nitro.failures import describe_failure
+from nitro.run_result import RunResult
 from nitro.runtime import RunContext, open_run
 from nitro.tracking import default_tracking_uri
 from tasks.bookkeeping import record_round, tidy_previous_attempts
@@ -31,8 +34,7 @@ from tasks.tracking import attach_mlflow, finish_mlflow, flow_run_url
 
 log = logging.getLogger("nitro")
 
-EnvId = Literal["Hopper-v5", "Walker2d-v5", "Humanoid-v5", "ALE/SpaceInvaders-v5", "ALE/Qbert-v5", "ALE/Gravitar-v5"]
-Scaler = Literal["nitro", "fixed", "always", "hydrozoa", "kungfu", "random"]
+EnvId = Literal[PAPER_ENVS]  # the run form's choices: the paper's six (the config accepts any known env)
 
 
 def default_run_id() -> str:
@@ -47,7 +49,7 @@ def default_run_id() -> str:
 async def train(
     env_id: EnvId = "Hopper-v5",
     algo: Literal["ppo", "impact"] = "ppo",
-    scaler: Scaler = "nitro",
+    scaler: ScalerName = "nitro",
     rounds: Annotated[int, Field(ge=1)] = 50,
     seed: Annotated[int, Field(ge=0)] = 0,
     budget_usd: Annotated[float, Field(ge=0)] = 0.0,
@@ -56,7 +58,7 @@ async def train(
     overrides: Sequence[str] = (),
     config_path: str = "",
     run_id: str = "",
-) -> dict:
+) -> RunResult:
     """Train one agent with Nitro: rounds of policy update, boosting detection, scaling decision
     and actors, tracked in MLflow.
 
@@ -113,19 +115,18 @@ def _close_failed(ctx: RunContext) -> None:
 
 def _send_round_lines_to_prefect() -> None:
     """Let the ``nitro`` logger's INFO lines (one per round) through. Under a worker,
-    ``PREFECT_LOGGING_EXTRA_LOGGERS=nitro`` gives the logger Prefect's API handler, but not a
-    level, so it stayed at the root's WARNING and the run's Logs tab showed no round."""
+    ``PREFECT_LOGGING_EXTRA_LOGGERS=nitro`` gives the logger Prefect's API handler but no level;
+    without one it inherits the root's WARNING and the run's Logs tab shows no round."""
     logger = logging.getLogger("nitro")
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)
 
 
-async def run_training(config: NitroConfig, run_id: str) -> dict:
+async def run_training(config: NitroConfig, run_id: str) -> RunResult:
     """The loop over rounds, shared by the deployment's flow and ``nitro train|resume``."""
-    off_policy_async = config.algo == "impact" and config.impact.asynchronous
-    round_flow = (asynchronous_round if off_policy_async else training_round).with_options(
+    round_flow = (asynchronous_round if config.learns_while_acting else training_round).with_options(
         task_runner=ThreadPoolTaskRunner(max_workers=max(config.scaler.i_max, config.scaler.fixed_actors) + 4))
-    # One Prefect API client for every task of the run: without it, each task run built its own
+    # One Prefect API client for every task of the run: without it, each task run builds its own
     # client, SSL context included (~20 ms of CPU each; bench/orchestration_overhead.py).
     with open_run(config, run_id) as ctx, SyncClientContext.get_or_create():
         if ctx.resumed_from is not None or (runtime.flow_run.run_count or 1) > 1:
@@ -133,7 +134,7 @@ async def run_training(config: NitroConfig, run_id: str) -> dict:
         stop = None
         try:
             attach_mlflow(run_id)
-            for k in range(ctx.trainer.next_round, config.rounds):
+            for k in range(ctx.training.next_round, config.rounds):
                 started = time.perf_counter()
                 report = await round_flow(run_id, k)
                 report = record_round(run_id, report, time.perf_counter() - started)
@@ -148,17 +149,16 @@ async def run_training(config: NitroConfig, run_id: str) -> dict:
                 raise
             raise failure from exc
         finish_mlflow(run_id)
-        final = ctx.trainer.final_return()
-        return {
-            "run_id": run_id,
-            "mlflow_run_id": ctx.mlflow_run_id,
-            "mlflow_url": ctx.tracker.run_url(ctx.mlflow_run_id),
-            "prefect_url": flow_run_url(),
-            "rounds_done": ctx.trainer.next_round,
-            "stop_reason": stop or "round_limit",
-            # the last evaluation: whole episodes, mean action (None if the run never evaluated)
-            "final_eval_return": final[1] if final else None,
-            "final_eval_round": final[0] if final else None,
-            "spend_usd": ctx.trainer.ledger.spent_usd,
-            "checkpoints": str(run_dir(config.home, run_id)),
-        }
+        final = ctx.training.final_return()
+        return RunResult(
+            run_id=run_id,
+            mlflow_run_id=ctx.mlflow_run_id,
+            mlflow_url=ctx.tracker.run_url(ctx.mlflow_run_id),
+            prefect_url=flow_run_url(),
+            rounds_done=ctx.training.next_round,
+            stop_reason=stop or STOP_ROUNDS,
+            final_eval_return=final[1] if final else None,
+            final_eval_round=final[0] if final else None,
+            spend_usd=ctx.training.ledger.spent_usd,
+            checkpoints=str(run_dir(config.home, run_id)),
+        )

@@ -13,10 +13,13 @@ The learner is billed by wall time. Between two scaling decisions it spends:
    on, from the slowest update seen so far (a prior before the first one: a wrong prior only makes
    the first update stop early, never the ledger pass the budget).
 
-The old rule reserved twice the last round's wall time; round 0 has no update, so round 1 (the
-first update and detection) could take longer than that. Here the part of a round that has
-already run when its decision is made is measured, not predicted, and what follows the decision
-is bounded as above.
+The part of a round that has already run when its decision is made is measured, not predicted:
+round 0 has no update, so a rule that reserved a multiple of the last round's wall time would
+under-reserve round 1 (the first update and detection). What follows the decision is bounded as
+above.
+
+A budget run also keeps back what its final evaluation costs (``final_eval_reserve``), so it ends
+on a score of the policy it trained last. ``cap_by_budget`` is the decision's cap with all of this.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from decimal import Decimal
 from typing import Callable
 
 from nitro.cost import CostLedger
+from nitro.scalers import largest_affordable
 
 TAIL_S = 2.0  # publishing the weights, planning the invocations and closing the round
 ALLOWANCE_BASE_S = 5.0  # the next round's fixed work before its decision (connections, detection)
@@ -78,3 +82,40 @@ def decision_cost(ledger: CostLedger, bound: LearnerBound, elapsed_s: float, inv
     ``bound.reserve_s``) with its provisioned concurrency, and each invocation at its timeout."""
     seconds = elapsed_s + bound.reserve_s(invocations, samples)
     return ledger.round_fixed_cost(seconds, seconds) + invocations * ledger.max_actor_cost()
+
+
+def final_eval_reserve(ledger: CostLedger, bound: LearnerBound, eval_invocations: int) -> Decimal:
+    """What a budget run keeps back for its final evaluation: its ``eval_invocations`` at their
+    timeout-bounded worst case and the learner's time while they run (0 when it never evaluates)."""
+    if eval_invocations <= 0:
+        return Decimal(0)
+    return decision_cost(ledger, bound, 0.0, eval_invocations, 0)
+
+
+@dataclass(frozen=True)
+class BudgetCap:
+    """A decision's cap: the actors the budget pays for and what it reserved for the next update."""
+
+    n_actors: int
+    deadline_after_s: float | None  # the next update stops this long after the decision (None: no actors)
+    reserved_next_s: float | None  # the allowance reserved for the next round's update (None: no actors)
+
+
+def cap_by_budget(ledger: CostLedger, bound: LearnerBound, *, wanted: int, affordable: Decimal, elapsed_s: float,
+                  eval_invocations: int, steps_per_actor: int) -> BudgetCap:
+    """The most actors, at most ``wanted``, whose worst case fits in ``affordable``: this round's
+    measured ``elapsed_s`` so far, the actors' timeout-bounded waves (with the round's
+    ``eval_invocations``, which run only beside training actors) and the next round's update,
+    which the returned deadline enforces. Each invocation may be billed up to its timeout."""
+
+    def invocations(n: int) -> int:
+        return n + eval_invocations if n else 0
+
+    def cost(n: int) -> Decimal:
+        return decision_cost(ledger, bound, elapsed_s, invocations(n), n * steps_per_actor)
+
+    n = largest_affordable(wanted, affordable, cost, min_actors=1)
+    if not n:
+        return BudgetCap(0, None, None)
+    samples = n * steps_per_actor
+    return BudgetCap(n, bound.deadline_after_s(invocations(n), samples), bound.allowance_s(samples))

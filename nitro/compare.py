@@ -20,9 +20,9 @@ from nitro.tracking import (
     SENTINEL_METRIC,
     TAG_RUN_ID,
     TrackingError,
-    _sqlite_path,
     normalize_tracking_uri,
 )
+from nitro.tracking_store import sqlite_path
 
 __all__ = ["COLUMNS", "compare_runs", "format_table"]
 
@@ -68,7 +68,7 @@ def compare_runs(
     Sorted by env, algo, scaler, seed, run name.
     """
     uri = normalize_tracking_uri(tracking_uri)
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is not None and not db.exists():
         raise TrackingError(f"no MLflow store at {db} (nothing has been tracked there yet)")
     client = MlflowClient(tracking_uri=uri)

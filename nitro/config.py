@@ -108,7 +108,7 @@ ScalerName = Literal["nitro", "fixed", "always", "hydrozoa", "kungfu", "random"]
 
 
 class ScalerConfig(_Section):
-    """How many actors each round gets (SPEC.md step 3 and the baselines)."""
+    """How many actors each round gets: Nitro's scaler and the baselines (docs/decisions.md)."""
 
     name: ScalerName = "nitro"
     window: int = Field(6, ge=2, description="n: rounds in the sliding window of R values")
@@ -137,7 +137,7 @@ class ScalerConfig(_Section):
 
 
 class DetectorConfig(_Section):
-    """Hessian boosting detection (SPEC.md step 2)."""
+    """Hessian boosting detection (paper §5.2; docs/decisions.md, "The round")."""
 
     enabled: bool | None = Field(
         None, description="run it every round; default (null): only when the scaler reads R (nitro), since "
@@ -240,9 +240,9 @@ Preset = Literal["nitro", "paper"]
 
 # What a preset sets beneath the values a user gives, by env family ("vector": MLP policies,
 # "image": Atari and other image observations, CNN). Fields a preset does not name keep the
-# defaults written below, which are the paper's Table 1 (SPEC.md). "paper" is that table with the
+# defaults written below, which are the paper's Table 1 (docs/decisions.md). "paper" is that table with the
 # paper's networks and batch sizes, for replicating the paper; "nitro" are the defaults tuned here
-# (docs/tuning.md: what was tried, on which seeds, and what it gave).
+# (docs/tuning.md: each trial, its seeds and its returns).
 PRESETS: dict[tuple[str, str], dict[str, Any]] = {
     ("paper", "vector"): {"steps_per_actor": 512},
     ("paper", "image"): {"steps_per_actor": 32},  # 8 actors x 32 = the paper's 256-sample Atari batch
@@ -331,6 +331,11 @@ class NitroConfig(_Section):
             raise ValueError(str(exc)) from None
 
     # -- loading ---------------------------------------------------------------------------
+
+    @property
+    def learns_while_acting(self) -> bool:
+        """The round updates the policy while its actors run (off-policy IMPACT, asynchronous)."""
+        return self.algo == "impact" and self.impact.asynchronous
 
     @classmethod
     def load(cls, data: dict[str, Any] | None = None, overrides: list[str] | None = None) -> "NitroConfig":

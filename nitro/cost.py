@@ -1,5 +1,5 @@
 """The cost ledger: what each round costs, component by component, in exact decimal arithmetic,
-so that it adds up to the invoices a user would get (SPEC.md "Cost model"; prices from
+so that it adds up to the invoices a user would get (docs/decisions.md, "Cost model"; prices from
 ``PriceTable``, the paper's §8.1 values by default).
 
 Per round:

@@ -1,4 +1,4 @@
-"""Boosting detection (SPEC.md step 2, paper §5.2): the extreme eigenvalues of the Hessian of the
+"""Boosting detection (the round's second step, paper §5.2): the extreme eigenvalues of the Hessian of the
 surrogate objective with respect to the policy parameters, and the ratio ``R = -λmax/λmin`` (Eq. 2).
 
 One function of ours does it, :func:`hessian_extremes`: a Lanczos run with full

@@ -24,7 +24,7 @@ and a fresh one takes its slot. The learner side of this (which snapshot goes to
 invocation) is ``Engine.actor_events`` and ``Engine.open_episodes`` in ``nitro/engine.py``.
 
 Environments whose state cannot be captured (anything but gymnasium's MuJoCo envs and ALE
-games, today) are reset at the start of every invocation, as before; ``can_snapshot`` says which.
+games) are reset at the start of every invocation; ``can_snapshot`` says which.
 """
 
 from __future__ import annotations

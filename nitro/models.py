@@ -2,7 +2,7 @@
 for vector observations, and RLlib's 84x84 CNN for stacked frames (Atari and other image envs).
 
 The MLP's shape is an ``Architecture`` (widths, activation, initial log-std): the paper's is
-2x256 tanh (SPEC.md); the tuned default is in ``nitro/config.py``. It travels with the weights
+2x256 tanh (docs/decisions.md); the tuned default is in ``nitro/config.py``. It travels with the weights
 (``Architecture.to_meta``) so that an actor builds the same module the learner trains.
 
 The policy carries its observation normaliser as buffers, so ``policy.state_dict()`` is the whole
@@ -142,7 +142,7 @@ class Policy(nn.Module):
     def distribution_from_features(self, x: torch.Tensor) -> Distribution:
         out = self.body(x)
         if self.spec.continuous:
-            # validate_args=False: torch's argument checks cost ~90 us per distribution (NOTES.md),
+            # validate_args=False: torch's argument checks cost ~90 us per distribution,
             # and these arguments come from our own network
             return Independent(Normal(out, self.log_std.exp().expand_as(out), validate_args=False), 1,
                                validate_args=False)

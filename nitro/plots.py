@@ -1,13 +1,9 @@
-"""PNG plots of training runs (matplotlib, Agg backend; no display needed).
+"""PNG plots of training runs (matplotlib, Agg backend; no display needed): one run's return,
+actors and spend per round, and several runs grouped (e.g. by scaler) as the mean over seeds with
+a 95% confidence band, against round or cumulative spend.
 
-Inputs are per-round rows: dicts keyed by the canonical metric names of ``nitro.tracking``
-(``round``, ``eval_return_mean``, ``train_return_mean``, ``actors_launched``, ``actors_failed``,
-``spend_round_usd``, ``spend_total_usd``, ...). Missing keys or NaN values are skipped.
-
-One run: ``plot_return``, ``plot_actors``, ``plot_spend``; ``write_run_plots`` writes all three.
-Several runs (issue 7's report): ``plot_group_curves`` draws, per group (e.g. per scaler), the
-mean over seeds with a 95% confidence band against round or against cumulative spend;
-``mean_ci95`` gives mean ± half-width for a table.
+Inputs are per-round rows: dicts keyed by the metric names of ``nitro.metrics``
+(``round``, ``eval_return_mean``, ``spend_total_usd``, ...). Missing keys or NaN values are skipped.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The trained policy as an MLflow pyfunc model: a batch of observations in, actions out.
 
 Why a model *from code*: a ``PythonModel`` object handed to MLflow is cloudpickled, and loading a
-pickle runs whatever it holds (SPEC.md: never pickle). Here the model directory holds the code
+pickle runs whatever it holds, and Nitro never unpickles (docs/decisions.md). Here the model directory holds the code
 file ``_policy_model_entry.py`` (which names ``PolicyModel``), the policy's safetensors payload
-(``Trainer.policy_payload``: weights, observation normaliser, architecture) and the env's
+(``TrainingRun.policy_payload``: weights, observation normaliser, architecture) and the env's
 ``EnvSpec`` as JSON; ``load_context`` rebuilds the network from those two data files. Loading
 needs this package installed (``pip install -e .``), because the network is ``nitro.models.Policy``.
 
@@ -69,7 +69,7 @@ def policy_signature(spec: Any, obs_dtype: np.dtype) -> "mlflow.models.ModelSign
 
 
 def save_policy_model(path: str | Path, payload: bytes, *, mlflow_model: Any = None, n_examples: int = 2) -> None:
-    """Write the pyfunc model of ``payload`` (``Trainer.policy_payload``) to the new directory
+    """Write the pyfunc model of ``payload`` (``TrainingRun.policy_payload``) to the new directory
     ``path``; the input example is ``n_examples`` observations from the env's first reset."""
     from nitro.envs import env_spec, make_env
     from nitro.serialization import loads_tensors

@@ -11,7 +11,7 @@ same R_k), so their difference at round k + horizon is what the extra samples of
 
 The probe reports the rank correlation (Spearman) between R_k (and S_k, the score Nitro's scaler
 would give round k) and gain_k, with a 95% confidence interval, and plots both. A signal worth
-paying for correlates *negatively* with R (Nitro boosts where R is low, SPEC.md step 3) and
+paying for correlates *negatively* with R (Nitro boosts where R is low) and
 positively with S_k.
 
 A fork copies the trunk's checkpoint of round k-1 and the cache entries it points at (the

@@ -1,7 +1,7 @@
 """The resources one training run owns while it runs, opened once and closed on exit.
 
 ``open_run`` starts (or connects to) Redis, starts the actor backend (warm local workers, or the
-shared Lambda client), builds the ``Trainer`` and restores its latest checkpoint. Prefect tasks
+shared Lambda client), builds the ``TrainingRun`` and restores its latest checkpoint. Prefect tasks
 find these resources by run id with ``get_run``: a Redis client, a process pool or an MLflow
 client cannot travel as a task parameter. What a round computes does travel as parameters, from
 task to task (see ``flows/round.py``); the registry holds no per-round state.
@@ -22,7 +22,7 @@ from nitro.actors.events import ActorEvent, ActorSummary
 from nitro.cache import CacheError, LocalRedisServer, TrajectoryCache, connect_redis, redact_url, strip_password
 from nitro.checkpoint import CheckpointError, latest_round, load_checkpoint, run_dir, save_checkpoint
 from nitro.config import NitroConfig
-from nitro.engine import Trainer
+from nitro.engine import TrainingRun
 from nitro.failures import RunFailed, one_line
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class RunContext:
 
     config: NitroConfig
     run_id: str
-    trainer: Trainer
+    training: TrainingRun
     backend: ActorBackend
     cache: TrajectoryCache
     redis_url: str
@@ -145,17 +145,17 @@ def open_run(config: NitroConfig, run_id: str) -> Iterator[RunContext]:
                             config.home) from exc
         cache = TrajectoryCache(client, run_id, ttl_s=config.redis.ttl_s)
         actor_url, creds = actor_cache_access(config, url, os.environ.get(config.redis.password_env) or None)
-        trainer = Trainer(config, run_id, cache, actor_cache_url=actor_url, actor_credentials=creds)
+        training = TrainingRun(config, run_id, cache, actor_cache_url=actor_url, actor_credentials=creds)
         resumed = latest_round(config.home, run_id)
         if resumed is not None:
             _, state = load_checkpoint(config.home, run_id, resumed)
-            trainer.load_state_dict(state)
+            training.load_state_dict(state)
             log.info("run %s: resuming after round %d", run_id, resumed)  # rounds count from 0
-        if trainer.bill_interrupted_round() and resumed is not None:
-            save_checkpoint(config.home, run_id, resumed, trainer.state_dict())  # billed once, even if it dies again
+        if training.bill_interrupted_round() and resumed is not None:
+            save_checkpoint(config.home, run_id, resumed, training.state_dict())  # billed once, even if it dies again
         backend = _start_backend(config, run_id)
         stack.callback(backend.close)
-        ctx = RunContext(config, run_id, trainer, backend, cache, url, resumed)
+        ctx = RunContext(config, run_id, training, backend, cache, url, resumed)
         with _LOCK:
             _RUNS[run_id] = ctx
         stack.callback(lambda: _RUNS.pop(run_id, None))

@@ -1,4 +1,4 @@
-"""How many actors each round gets (SPEC.md step 3, paper §5.3 and §8.3), and the budget cap.
+"""How many actors each round gets (paper §5.3 and §8.3; docs/decisions.md, "The round"), and the budget cap.
 
 ``make_scaler(cfg, seed)`` returns a scaler by name. Every scaler has
 ``decide(round_idx, signal) -> int`` plus ``state_dict()`` / ``load_state_dict()`` (JSON-able, for

@@ -2,10 +2,10 @@
 trained on.
 
 Anyone who can write to the trajectory cache (a buggy actor, or worse) can hand the learner a
-well-formed ``nitro.batch/1`` payload with the wrong content. Unchecked, one NaN reward made the
-update raise deep inside ``torch.distributions`` (after the optimiser had already written
-non-finite weights), one ``inf`` observation poisoned the observation normaliser for good, and a
-wrong shape or a missing key crashed the round. ``check_batch`` turns each of those into a
+well-formed ``nitro.batch/1`` payload with the wrong content. Unchecked, one NaN reward makes the
+update raise deep inside ``torch.distributions`` (after the optimiser has already written
+non-finite weights), one ``inf`` observation poisons the observation normaliser for good, and a
+wrong shape or a missing key crashes the round. ``check_batch`` turns each of those into a
 ``BatchError`` with one line naming the key and what is wrong; the engine drops that batch,
 counts it as ``actors_corrupt`` and goes on with the rest. The IMPACT replay buffer admits only
 batches that pass the same check.

@@ -4,5 +4,5 @@ A task takes the run id (to find the run's live resources with ``nitro.runtime.g
 Redis cache, actor backend, learner and tracker) and the typed values that earlier steps of the
 round returned, and returns a typed value for the next step. The flow passes those values along,
 so Prefect draws the round's data flow as edges between task runs. ``NO_CACHE``: rounds resume
-from Nitro's own checkpoints, and hashing inputs on every call is pure overhead (NOTES.md).
+from Nitro's own checkpoints, and hashing inputs on every call is pure overhead (docs/decisions.md, Prefect).
 """

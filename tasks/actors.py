@@ -1,4 +1,4 @@
-"""Step 4 of a round: publish the weights once, then one task run per actor invocation."""
+"""The actors: publish the weights once, plan the invocations, then one task run per invocation."""
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -12,12 +12,12 @@ from nitro.runtime import get_run
 @task(name="publish-weights", cache_policy=NO_CACHE)
 def publish_weights(run_id: str, k: int) -> str:
     """The policy's weights under round k's versioned key; returns the key."""
-    return get_run(run_id).trainer.publish_weights(k)
+    return get_run(run_id).training.publish_weights(k)
 
 
 @task(name="plan-invocations", cache_policy=NO_CACHE)
 def plan_invocations(run_id: str, k: int, decision: Decision, weights_key: str) -> list[ActorEvent]:
-    return get_run(run_id).trainer.actor_events(k, decision.n_actors, weights_key)
+    return get_run(run_id).training.plan_invocations(k, decision, weights_key)
 
 
 @task(name="launch-actors", cache_policy=NO_CACHE)

@@ -5,8 +5,6 @@ tidying of what a killed attempt left behind in Prefect."""
 from __future__ import annotations
 
 import logging
-import os
-import time
 
 from prefect import runtime, task
 from prefect.cache_policies import NO_CACHE
@@ -25,9 +23,10 @@ from prefect.client.schemas.objects import StateType
 from prefect.states import Crashed
 
 from nitro.actors.events import ActorSummary
-from nitro.checkpoint import run_dir, save_checkpoint
+from nitro.checkpoint import save_checkpoint
 from nitro.detector import Detection
-from nitro.engine import Decision, RoundReport, UpdateReport, round_line
+from nitro.engine import Decision, RoundReport, UpdateReport
+from nitro.metrics import round_line
 from nitro.runtime import RunContext, get_run, notify_round
 from tasks import background
 from tasks.artifacts import artifact_key, upsert_artifact
@@ -43,38 +42,35 @@ UNFINISHED = [StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED, StateTy
 
 @task(name="end-round", cache_policy=NO_CACHE)
 def end_round(run_id: str, k: int, update: UpdateReport, detection: Detection | None, decision: Decision,
-              summaries: list[ActorSummary], actor_s: float, round_s: float) -> RoundReport:
-    _maybe_inject_failure(run_id, k)
-    _maybe_inject_hang(run_id, k)
-    return get_run(run_id).trainer.end_round(k, update, detection, decision, summaries, actor_s, round_s)
+              summaries: list[ActorSummary], actor_s: float, elapsed_s: float) -> RoundReport:
+    return get_run(run_id).training.end_round(k, update, detection, decision, summaries, actor_s, elapsed_s)
 
 
 @task(name="record-round", cache_policy=NO_CACHE)
-def record_round(run_id: str, report: RoundReport, round_wall_s: float) -> RoundReport:
-    """Account the round's orchestration time, log it to MLflow, and checkpoint it; returns the
-    round's report with its final timings.
+def record_round(run_id: str, report: RoundReport, round_s: float) -> RoundReport:
+    """Add the round's wall time (``round_s``, around its whole flow), log it to MLflow, and
+    checkpoint it; returns the round's report with its final timings.
 
     The checkpoint is written last: a crash before it redoes the whole round on resume, and
     MLflow's per-step de-duplication keeps that from logging a value twice."""
     ctx = get_run(run_id)
-    k = report.round
-    report = RoundReport(k, ctx.trainer.record_wall_time(k, round_wall_s), report.stop_reason, report.notes)
+    report = ctx.training.record_round(report, round_s)
     if ctx.tracker is not None:  # off the critical path, in order (tasks/background.py)
-        background.submit(run_id, _log_to_mlflow, ctx, k, report)
-    save_checkpoint(ctx.config.home, run_id, k, ctx.trainer.state_dict())
-    log.info(round_line(report, ctx.config.rounds))
+        background.submit(run_id, _log_to_mlflow, ctx, report)
+    save_checkpoint(ctx.config.home, run_id, report.round, ctx.training.state_dict())
+    log.info(round_line(report.round, report.metrics, ctx.config.rounds))
     notify_round(run_id, report)
     # In line, not in the background lane: two artifact writes racing the next round's subflow
-    # start for the Prefect server's database made that start wait ~2 s in one round of two;
+    # start for the Prefect server's database make that start wait ~2 s in one round of two;
     # in line they cost two API calls (25-40 ms) and never overlap it (bench/orchestration_overhead.py).
     _publish_live_state(ctx)
     return report
 
 
-def _log_to_mlflow(ctx: RunContext, k: int, report: RoundReport) -> None:
-    ctx.tracker.log_round(ctx.mlflow_run_id, k, report.metrics)
-    for key, note in report.notes.items():  # e.g. why a batch was dropped: one tag per batch
-        ctx.tracker.client.set_tag(ctx.mlflow_run_id, f"nitro.{key}", note[:5000])
+def _log_to_mlflow(ctx: RunContext, report: RoundReport) -> None:
+    ctx.tracker.log_round(ctx.mlflow_run_id, report.round, report.metrics)
+    for key, value in report.tags.items():  # e.g. why a batch was dropped: one tag per batch
+        ctx.tracker.client.set_tag(ctx.mlflow_run_id, f"nitro.{key}", value[:5000])
 
 
 def _publish_live_state(ctx: RunContext) -> None:
@@ -82,11 +78,11 @@ def _publish_live_state(ctx: RunContext) -> None:
     flow_run_id = runtime.flow_run.id
     if not flow_run_id:
         return
-    rounds, done = ctx.config.rounds, ctx.trainer.next_round
+    rounds, done = ctx.config.rounds, ctx.training.next_round
     ctx.progress_artifact_id = upsert_artifact(
         flow_run_id, artifact_key("progress", ctx.run_id), "progress", 100.0 * done / rounds,
         f"Nitro run {ctx.run_id}: {done} of {rounds} rounds done")
-    rows = [{key: row.get(key) for key in TABLE_COLUMNS} for row in ctx.trainer.history]
+    rows = [{key: row.get(key) for key in TABLE_COLUMNS} for row in ctx.training.history]
     upsert_artifact(flow_run_id, artifact_key("rounds", ctx.run_id), "table", rows,
                     f"Nitro run {ctx.run_id}: one row per round (rounds 0 to {rounds - 1}), updated after each")
 
@@ -122,32 +118,3 @@ def tidy_previous_attempts(run_id: str) -> list[str]:
         log.info("run %s: marked %d orphaned round subflow(s) Crashed: %s", run_id, len(orphans),
                  ", ".join(fr.name for fr in orphans))
     return [fr.name for fr in orphans]
-
-
-def _maybe_inject_failure(run_id: str, k: int) -> None:
-    """Test hook: ``NITRO_INJECT_FAILURE_AT_ROUND=k`` fails round k once per run (a marker file
-    in the run directory makes the retry pass), to exercise resume end to end."""
-    if os.environ.get("NITRO_INJECT_FAILURE_AT_ROUND") != str(k):
-        return
-    marker = run_dir(get_run(run_id).config.home, run_id) / f"injected-failure-round-{k}"
-    if not marker.exists():
-        marker.touch()
-        raise RuntimeError(f"injected failure in round {k} (NITRO_INJECT_FAILURE_AT_ROUND)")
-
-
-def _maybe_inject_hang(run_id: str, k: int) -> None:
-    """Test hook: ``NITRO_INJECT_HANG_AT_ROUND=k`` holds round k, once per run, inside its subflow,
-    so that a test can watch the live state of an unfinished run and then kill its process in
-    the middle of a round. The hold ends after ``NITRO_INJECT_HANG_S`` (default 600 s) with an
-    error: it is never silent."""
-    if os.environ.get("NITRO_INJECT_HANG_AT_ROUND") != str(k):
-        return
-    marker = run_dir(get_run(run_id).config.home, run_id) / f"injected-hang-round-{k}"
-    if marker.exists():
-        return
-    marker.touch()
-    log.info("run %s: holding round %d (NITRO_INJECT_HANG_AT_ROUND)", run_id, k)
-    deadline = time.monotonic() + float(os.environ.get("NITRO_INJECT_HANG_S", "600"))
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-    raise RuntimeError(f"injected hang in round {k} was never interrupted (NITRO_INJECT_HANG_AT_ROUND)")

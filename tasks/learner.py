@@ -1,4 +1,4 @@
-"""Step 1 of a round: update the policy on the trajectories in the cache."""
+"""The policy update: on the previous round's trajectories (on-policy), or beside the actors."""
 
 import threading
 
@@ -10,13 +10,13 @@ from nitro.engine import UpdateReport
 from nitro.runtime import get_run
 
 
-@task(name="policy-update", cache_policy=NO_CACHE)
+@task(name="update-policy", cache_policy=NO_CACHE)
 def update_policy(run_id: str, k: int) -> UpdateReport:
-    return get_run(run_id).trainer.update_policy(k)
+    return get_run(run_id).training.update_policy(k)
 
 
-@task(name="policy-update-while-acting", cache_policy=NO_CACHE)
+@task(name="learn-while-acting", cache_policy=NO_CACHE)
 def learn_while_acting(run_id: str, k: int, events: list[ActorEvent], actors_done: threading.Event) -> UpdateReport:
-    """Off-policy: update on each batch as it lands, replay while none has (paper §4), until
-    every batch is in or ``actors_done`` is set and nothing more came."""
-    return get_run(run_id).trainer.learn_while_acting(k, [e.invocation_id for e in events], actors_done)
+    """Off-policy: update on each batch as it lands, replay while none has, until every batch is
+    in or ``actors_done`` is set and nothing more came."""
+    return get_run(run_id).training.learn_while_acting(k, [e.invocation_id for e in events], actors_done)

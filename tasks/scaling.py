@@ -1,4 +1,4 @@
-"""Step 3 of a round: how many actors it gets (scaler, capped by the remaining budget)."""
+"""The scaling decision: how many actors a round gets (the scaler, capped by the remaining budget)."""
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -8,6 +8,7 @@ from nitro.engine import Decision, UpdateReport
 from nitro.runtime import get_run
 
 
-@task(name="scaling-decision", cache_policy=NO_CACHE)
-def decide_actors(run_id: str, k: int, detection: Detection | None, update: UpdateReport | None = None) -> Decision:
-    return get_run(run_id).trainer.decide(k, detection, update)
+@task(name="decide-actors", cache_policy=NO_CACHE)
+def decide_actors(run_id: str, k: int, detection: Detection | None, update: UpdateReport, started: float) -> Decision:
+    """``started``: the ``time.perf_counter()`` at which the round began, in this process."""
+    return get_run(run_id).training.decide_actors(k, detection, update, started)

@@ -30,10 +30,10 @@ def attach_mlflow(run_id: str) -> str:
     tracker = RunTracker(cfg.tracking.mlflow_uri or default_tracking_uri(cfg), cfg.tracking.experiment)
     flow_run_id = runtime.flow_run.id
     mlflow_run = tracker.start_or_attach(str(flow_run_id) if flow_run_id else None, run_id, cfg,
-                                         tags=ctx.trainer.ledger.tags(), flow_run_name=runtime.flow_run.name,
+                                         tags=ctx.training.ledger.tags(), flow_run_name=runtime.flow_run.name,
                                          flow_run_url=flow_run_url())
     # A resumed run re-logs the rounds it has checkpointed; rounds already in MLflow are skipped.
-    for row in ctx.trainer.history:
+    for row in ctx.training.history:
         tracker.log_round(mlflow_run, int(row["round"]), {k: v for k, v in row.items() if k != "round"})
     ctx.tracker, ctx.mlflow_run_id = tracker, mlflow_run
     if flow_run_id:
@@ -57,5 +57,5 @@ def finish_mlflow(run_id: str, status: str = "FINISHED") -> None:
     if status != "FINISHED":
         tracker.end_run(mlflow_run, status)
         return
-    policy = ctx.trainer.policy_payload(ctx.trainer.next_round)
-    tracker.log_final(mlflow_run, policy, checkpoint_dir(ctx.config.home, run_id), ctx.trainer.history)
+    policy = ctx.training.policy_payload(ctx.training.next_round)
+    tracker.log_final(mlflow_run, policy, checkpoint_dir(ctx.config.home, run_id), ctx.training.history)

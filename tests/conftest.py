@@ -70,3 +70,16 @@ def tracking_uri(mlflow_template_db, tmp_path) -> str:
     db.parent.mkdir()
     shutil.copyfile(mlflow_template_db, db)
     return f"sqlite:///{db}"
+
+
+@pytest.fixture()
+def inject_faults():
+    """``inject_faults(fail_at=k)`` fails round k once per run in this process (``hang_at=k``
+    holds it); undone after the test (tests/support/faults.py)."""
+    from nitro.engine import TrainingRun
+    from tests.support import faults
+
+    originals = []
+    yield lambda **kw: originals.append(faults.install(**kw))
+    if originals:
+        TrainingRun.end_round = originals[0]

@@ -21,7 +21,7 @@ def _run(tmp_path, redis_url, run_id, **params):
         f"home={tmp_path}", f"tracking.mlflow_uri={uri}", f"redis.url={redis_url}", *overrides,
     ], run_id=run_id, **params))
     client = MlflowClient(tracking_uri=uri)
-    history = {name: [m.value for m in sorted(client.get_metric_history(result["mlflow_run_id"], name), key=lambda m: m.step)]
+    history = {name: [m.value for m in sorted(client.get_metric_history(result.mlflow_run_id, name), key=lambda m: m.step)]
                for name in ("env_steps", "actors_failed", "learner_s", "actor_s", "hessian_R")}
     return result, history
 
@@ -29,7 +29,7 @@ def _run(tmp_path, redis_url, run_id, **params):
 def test_impact_asynchronous_on_hopper(prefect_api, tmp_path, redis_url):
     result, h = _run(tmp_path, redis_url, "impact-hopper", algo="impact", rounds=3,
                      overrides=["steps_per_actor=256", "detector.enabled=true"])
-    assert result["rounds_done"] == 3
+    assert result.rounds_done == 3
     assert h["env_steps"] == [512.0] * 3 and h["actors_failed"] == [0.0] * 3
     assert all(s > 0 for s in h["learner_s"])  # it learned during every round, round 0 included
     assert h["hessian_R"][1] == h["hessian_R"][1]  # detection ran on the updates so far (not NaN)
@@ -39,5 +39,5 @@ def test_impact_asynchronous_on_hopper(prefect_api, tmp_path, redis_url):
 def test_atari_trains_with_the_cnn(prefect_api, tmp_path, redis_url, algo):
     result, h = _run(tmp_path, redis_url, f"atari-{algo}", algo=algo, env_id="ALE/SpaceInvaders-v5", rounds=2,
                      overrides=["steps_per_actor=64", "ppo.minibatch_size=64", "impact.minibatch_size=64"])
-    assert result["rounds_done"] == 2
+    assert result.rounds_done == 2
     assert h["env_steps"] == [128.0, 128.0] and h["actors_failed"] == [0.0, 0.0]

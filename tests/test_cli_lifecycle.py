@@ -21,7 +21,7 @@ from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
 from nitro.checkpoint import checkpoint_dir, load_checkpoint, run_dir
-from nitro.tracking import CANONICAL_METRICS
+from nitro.metrics import ROUND_METRICS
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -107,7 +107,7 @@ def _one_mlflow_run_with_one_value_per_step(home: Path) -> str:
     exp_ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
     runs = client.search_runs(exp_ids, run_view_type=ViewType.ALL)
     assert len(runs) == 1, [r.info.run_id for r in runs]
-    for name in CANONICAL_METRICS:
+    for name in ROUND_METRICS:
         steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, name)]
         assert sorted(steps) == list(range(ROUNDS)), (name, steps)
     return runs[0].info.run_id

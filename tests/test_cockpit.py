@@ -16,7 +16,7 @@ from prefect.utilities.callables import parameter_schema
 
 from flows.training import config_from_parameters, train
 from nitro.config import NitroConfig
-from nitro.engine import RoundReport, round_line
+from nitro.metrics import round_line
 from tasks.artifacts import _encode, artifact_key
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,16 +73,14 @@ def test_fields_left_at_their_default_keep_the_config_files_values(tmp_path: Pat
     assert config.seed == 9 and config.scaler.fixed_actors == 6  # changed in the form / an override
 
 
-def _report(k: int) -> RoundReport:
-    metrics = {"train_return_mean": 12.5, "eval_return_mean": math.nan, "hessian_R": 0.5, "actors_failed": 0,
-               "actors_launched": 8, "env_steps": 4096, "spend_total_usd": 0.0021, "round_s": 4.1}
-    return RoundReport(k, metrics, None)
+METRICS = {"train_return_mean": 12.5, "eval_return_mean": math.nan, "hessian_R": 0.5, "actors_failed": 0,
+           "actors_launched": 8, "env_steps": 4096, "spend_total_usd": 0.0021, "round_s": 4.1}
 
 
 def test_rounds_are_numbered_from_zero_in_the_cli_line():
     """The same index as Prefect's `<run id>-round-<k>`, the table's `round` and MLflow's step."""
-    assert round_line(_report(0), 15).startswith("round 0 of 0..14: actors=8 ")
-    assert round_line(_report(14), 15).startswith("round 14 of 0..14: ")
+    assert round_line(0, METRICS, 15).startswith("round 0 of 0..14: actors=8 ")
+    assert round_line(14, METRICS, 15).startswith("round 14 of 0..14: ")
 
 
 def test_table_artifact_payload_is_json_with_nulls_and_whole_numbers():

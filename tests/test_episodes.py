@@ -9,7 +9,8 @@ import pytest
 from nitro.actors.events import ActorEvent
 from nitro.actors.worker import ActorState, run_actor
 from nitro.cache import TrajectoryCache, connect_redis
-from nitro.engine import Trainer
+from nitro.engine import Decision, TrainingRun
+from nitro.invocations import is_eval_round
 from nitro.config import NitroConfig
 from nitro.envs import env_spec
 from nitro.episodes import EpisodeSnapshot
@@ -119,18 +120,21 @@ def test_evaluation_invocations_write_no_trajectories(redis_url, redis_client):
     assert written == {b"weights", b"summary"}
 
 
-def test_trainer_plans_continuations_and_evaluations(redis_url):
+def test_a_run_plans_continuations_and_evaluations(redis_url):
     cfg = NitroConfig.load({"rounds": 25, "eval": {"every_rounds": 10, "episodes": 3}, "steps_per_actor": 64})
-    trainer = Trainer(cfg, "plan", TrajectoryCache(connect_redis(redis_url), "plan", ttl_s=600), actor_cache_url=redis_url)
-    assert [k for k in range(25) if trainer.is_eval_round(k)] == [0, 10, 20, 24]
-    trainer.open_episodes = ["e0", "e1"]
-    events = trainer.actor_events(10, 4, "w")
+    training = TrainingRun(cfg, "plan", TrajectoryCache(connect_redis(redis_url), "plan", ttl_s=600), actor_cache_url=redis_url)
+    assert [k for k in range(25) if is_eval_round(cfg, k)] == [0, 10, 20, 24]
+    training.open_episodes = ["e0", "e1"]
+    four, none = Decision(4, 4, "fixed"), Decision(0, 4, "budget")
+    events = training.plan_invocations(10, four, "w")
     train = [e for e in events if e.mode == "train"]
     assert [e.episode_key for e in train] == ["e0", "e1", None, None]
     modes = [e.mode for e in events if e.mode != "train"]
     assert modes == ["eval_deterministic"] * 3 + ["eval_stochastic"] * 3
     # evaluation episodes start from the same states every evaluation round
-    again = [e.seed for e in trainer.actor_events(20, 4, "w") if e.mode != "train"]
+    again = [e.seed for e in training.plan_invocations(20, four, "w") if e.mode != "train"]
     assert again == [e.seed for e in events if e.mode != "train"]
-    assert all(e.mode == "train" for e in trainer.actor_events(11, 4, "w"))
-    assert trainer.actor_events(24, 0, "w") == []  # no actors (budget): no evaluation either
+    assert all(e.mode == "train" for e in training.plan_invocations(11, four, "w"))
+    assert training.plan_invocations(24, none, "w") == []  # no actors (budget): no evaluation either
+    final = Decision(0, 4, "budget spent: a final evaluation", final_evaluation=True)
+    assert [e.mode for e in training.plan_invocations(13, final, "w")] == modes  # a budget run's last round

@@ -234,7 +234,7 @@ def test_tiny_experiment_through_the_flow(prefect_api, tmp_path, redis_url):
     assert len(client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL, max_results=100)) == 5
 
 
-def test_partial_cell_resumes_from_its_checkpoint(prefect_api, tmp_path, redis_url, monkeypatch):
+def test_partial_cell_resumes_from_its_checkpoint(prefect_api, tmp_path, redis_url, inject_faults):
     """A cell that failed mid-way resumes from its checkpoint; the other cells still run."""
     from flows.experiment import ExperimentFailed, experiment
 
@@ -244,7 +244,7 @@ def test_partial_cell_resumes_from_its_checkpoint(prefect_api, tmp_path, redis_u
     cell = expand_cells(parsed)[0]
     cfg, run_id = cell_config(parsed, cell), cell_run_id("tiny", cell)
 
-    monkeypatch.setenv("NITRO_INJECT_FAILURE_AT_ROUND", "1")
+    inject_faults(fail_at=1)
     with pytest.raises(ExperimentFailed, match="1 of 1 cells failed"):
         asyncio.run(experiment(spec=spec, report_dir=str(tmp_path / "r")))
     assert cell_state(cfg, run_id) == ("partial", 1)

@@ -4,6 +4,7 @@ double loop, the replay buffer's reuse limit, then the learner on real Hopper-v5
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -14,17 +15,17 @@ from torch.distributions import Categorical
 from nitro.config import ImpactConfig
 from nitro.detector import detect_on_batch, hessian_extremes
 from nitro.envs import EnvSpec, env_spec
-from nitro.learners import ImpactLearner
-from nitro.learners.impact import (
-    ReplayBuffer,
+from nitro.learners import ImpactLearner, OffPolicyLearner
+from nitro.learners.distributions import CategoricalParams, GaussianParams
+from nitro.learners.impact_loss import (
+    ImpactMinibatch,
     impact_loss,
     impact_surrogate,
     truncated_is_weight,
-    vtrace,
-    vtrace_returns,
     vtrace_value_loss,
 )
-from nitro.learners.ppo import compute_gae
+from nitro.learners.replay import ReplayBuffer
+from nitro.learners.returns import compute_gae, vtrace_returns
 from nitro.rollout import rollout
 from nitro.serialization import dumps_tensors, loads_tensors
 
@@ -69,9 +70,7 @@ def test_vtrace_by_hand_truncation_termination_bootstrap():
     np.testing.assert_allclose(out.q, [2.125, 3.5, 3.0, 5.5])
     np.testing.assert_allclose(out.rho, [1.0, 0.5, 1.0, 0.5])
     # pg = rho (q - V) = [1*1.625, 0.5*2.5, 1*1.5, 0.5*3.5] = [1.625, 1.25, 1.5, 1.75]
-    vs, pg = vtrace(behaviour, target, rewards, values, next_values, terminated, episode_end, gamma=0.5)
-    np.testing.assert_allclose(pg, [1.625, 1.25, 1.5, 1.75])
-    np.testing.assert_allclose(vs, out.vs)
+    np.testing.assert_allclose(out.pg_advantages, [1.625, 1.25, 1.5, 1.75])
 
 
 def test_vtrace_rho_bar_and_c_bar_differ_and_torch_input():
@@ -80,7 +79,8 @@ def test_vtrace_rho_bar_and_c_bar_differ_and_torch_input():
     rewards, values = torch.tensor([1.0, 1.0]), torch.tensor([0.0, 0.0])
     next_values = torch.tensor([0.0, 4.0])
     term, end = torch.tensor([False, False]), torch.tensor([False, True])
-    vs, pg = vtrace(torch.zeros(2), lr, rewards, values, next_values, term, end, gamma=1.0, rho_bar=2.0, c_bar=0.5)
+    vs, _, _, pg = vtrace_returns(torch.zeros(2), lr, rewards, values, next_values, term, end, gamma=1.0,
+                                  rho_bar=2.0, c_bar=0.5)
     # delta = 2 * [1 + 0 - 0, 1 + 4 - 0] = [2, 10]; v1 - V1 = 10; v0 - V0 = 2 + 1*0.5*10 = 7
     assert isinstance(vs, torch.Tensor)
     torch.testing.assert_close(vs, torch.tensor([7.0, 10.0], dtype=torch.float64))
@@ -123,7 +123,7 @@ def test_vtrace_matches_reference_loop(seed):
     end = term | (rng.random(T) < 0.1)
     end[-1] = True
     for rho_bar, c_bar in ((1.0, 1.0), (1.5, 0.8)):
-        vs, pg = vtrace(mu, pi, r, v, nv, term, end, gamma=0.97, rho_bar=rho_bar, c_bar=c_bar)
+        vs, _, _, pg = vtrace_returns(mu, pi, r, v, nv, term, end, gamma=0.97, rho_bar=rho_bar, c_bar=c_bar)
         ref_vs, ref_pg = _vtrace_reference(mu, pi, r, v, nv, term, end, 0.97, rho_bar, c_bar)
         np.testing.assert_allclose(vs, ref_vs, rtol=1e-10, atol=1e-10)
         np.testing.assert_allclose(pg, ref_pg, rtol=1e-10, atol=1e-10)
@@ -193,10 +193,10 @@ def test_impact_loss_combines_terms_by_hand():
     logp_t = torch.log(torch.tensor([0.5, 0.5]))
     logp_b = torch.log(torch.tensor([0.25, 1.0]))  # pi_target/mu = [2, 0.5] -> w = [1, 0.5]
     adv = torch.tensor([1.0, -1.0])
-    total, terms = impact_loss(
-        new, target, actions, logp_t, logp_b, adv, values=torch.tensor([1.0, 3.0]), vs=torch.tensor([2.0, 0.0]),
-        clip=0.2, rho_bar=1.0, kl_coef=0.5, vf_coef=0.25, entropy_coef=0.1,
-    )
+    mb = ImpactMinibatch(obs=torch.zeros(2, 1), actions=actions, logp_target=logp_t, logp_behaviour=logp_b,
+                         advantages=adv, vs=torch.tensor([2.0, 0.0]), anchor=target)
+    total, terms = impact_loss(new, torch.tensor([1.0, 3.0]), mb,
+                               clip=0.2, rho_bar=1.0, kl_coef=0.5, vf_coef=0.25, entropy_coef=0.1)
     # ratios vs target: a=1: 0.75/0.5 = 1.5 ; a=0: 0.25/0.5 = 0.5
     # surrogate: 1 * min(1.5, 1.2) = 1.2 ; 0.5 * min(-0.5, -0.8) = -0.4 -> mean 0.4 -> loss -0.4
     # KL(target || new) per state = 0.5 ln(0.5/0.25) + 0.5 ln(0.5/0.75) = 0.5 ln(4/3) = 0.143841
@@ -290,7 +290,8 @@ def test_update_changes_weights_and_replays_then_runs_dry(hopper_batches):
     round1, round2 = hopper_batches
     learner = ImpactLearner(env_spec(ENV), CFG, seed=0)
     p0, c0 = _flat(learner.policy), _flat(learner.critic)
-    m1 = learner.update(round1)
+    assert isinstance(learner, OffPolicyLearner) and learner.name == "impact"
+    m1 = learner.update(round1).diagnostics
     assert not torch.equal(p0, _flat(learner.policy)) and not torch.equal(c0, _flat(learner.critic))
     assert torch.equal(_flat(learner.target), p0)  # target = the pre-update policy (freq 1)
     for key in ("policy_loss", "vf_loss", "kl", "entropy", "kl_coef", "clip_frac", "explained_variance",
@@ -300,12 +301,13 @@ def test_update_changes_weights_and_replays_then_runs_dry(hopper_batches):
     assert m1["logp_drift"] < 1e-4  # fresh data, target = behaviour: every weight is 1
     assert m1["is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
     # round 2: the two new batches plus round 1's two, replayed once (their second and last use)
-    m2 = learner.update(round2)
+    m2 = learner.update(round2).diagnostics
     assert (m2["n_new_samples"], m2["n_replay_samples"], m2["n_replay_batches"]) == (512, 512, 2)
     assert m2["logp_drift_replay"] > 0 and m2["is_weight_mean"] < 1.0  # stale data is down-weighted
     assert learner.replay.uses() == [(2, 1), (3, 1)]  # round 1 evicted after K=2 uses
-    m3 = learner.replay_update()  # the cache is empty: replay round 2
-    assert m3 is not None and (m3["n_new_samples"], m3["n_replay_samples"]) == (0, 512)
+    r3 = learner.replay_update()  # the cache is empty: replay round 2
+    assert r3 is not None and (r3.diagnostics["n_new_samples"], r3.diagnostics["n_replay_samples"]) == (0, 512)
+    assert r3.sgd_steps == r3.diagnostics["sgd_steps"] > 0 and not r3.cut_short
     assert learner.replay_update() is None  # every batch used K times
     # the normaliser saw each NEW observation once (replays are not merged again)
     assert float(learner.policy.obs_norm.count) == pytest.approx(1024, abs=1e-3)
@@ -317,13 +319,25 @@ def test_update_is_deterministic(hopper_batches):
     runs = []
     for _ in range(2):
         learner = ImpactLearner(env_spec(ENV), CFG, seed=0)
-        ms = [learner.update(round1), learner.update(round2), learner.replay_update()]
+        ms = [r.diagnostics for r in (learner.update(round1), learner.update(round2), learner.replay_update())]
         runs.append((_flat(learner.policy), _flat(learner.critic), ms))
     (p1, c1, a), (p2, c2, b) = runs
     assert torch.equal(p1, p2) and torch.equal(c1, c2)
     for x, y in zip(a, b):
         assert {k: v for k, v in x.items() if k != "seconds"} == pytest.approx(
             {k: v for k, v in y.items() if k != "seconds"}, nan_ok=True)
+
+
+def test_a_deadline_in_the_past_cuts_updates_and_replays_short(hopper_batches):
+    round1, _ = hopper_batches
+    learner = ImpactLearner(env_spec(ENV), CFG, seed=0)
+    p0 = _flat(learner.policy)
+    result = learner.update(round1, deadline=time.perf_counter() - 1.0)
+    assert result.cut_short and result.sgd_steps == 0 and not result.took_no_step
+    assert torch.equal(p0, _flat(learner.policy))
+    replay = learner.replay_update(deadline=time.perf_counter() - 1.0)  # round 1's two batches, second use
+    assert replay is not None and replay.cut_short and replay.sgd_steps == 0
+    assert replay.diagnostics["n_replay_batches"] == 2 and replay.diagnostics["update_cut_short"] == 1.0
 
 
 def test_state_round_trip_with_target_and_replay(hopper_batches, monkeypatch):
@@ -337,7 +351,7 @@ def test_state_round_trip_with_target_and_replay(hopper_batches, monkeypatch):
     b.load_state_dict(arrays, meta_str)
     assert torch.equal(_flat(a.target), _flat(b.target)) and b.replay.uses() == a.replay.uses()
     assert (b.kl_coef, b.n_updates, b.seed, b.reward_stats.var) == (a.kl_coef, a.n_updates, a.seed, a.reward_stats.var)
-    ma, mb = a.update(round2), b.update(round2)  # replays round 1 on both sides
+    ma, mb = a.update(round2).diagnostics, b.update(round2).diagnostics  # replays round 1 on both sides
     assert ma["n_replay_batches"] == mb["n_replay_batches"] == 2
     assert torch.equal(_flat(a.policy), _flat(b.policy)) and torch.equal(_flat(a.critic), _flat(b.critic))
     assert ma["policy_loss"] == mb["policy_loss"]
@@ -358,12 +372,13 @@ def test_objective_gives_finite_hessian(hopper_batches):
     learner = ImpactLearner(env_spec(ENV), CFG, seed=0)
     learner.update(round1)
     data = learner.trained_batch
-    assert {"rewards", "obs", "actions", "logp", "advantages", "old_loc", "old_scale", "target_logp", "vs"} <= set(data)
+    assert {"rewards", "obs", "actions", "logp", "advantages", "anchor", "target_logp", "vs"} <= set(data._fields)
+    assert isinstance(data.anchor, GaussianParams) and data.anchor.loc.shape == data.anchor.scale.shape == (512, 3)
     params = learner.policy_parameters()
     det = hessian_extremes(learner.objective(np.arange(0, 512, 2)), params, steps=8, negate=True)
     assert det.lambda_max is not None and math.isfinite(det.lambda_max) and math.isfinite(det.lambda_min)
     assert det.lambda_max >= det.lambda_min
-    assert learner.trained_samples() == len(data["rewards"])
+    assert learner.trained_samples() == len(data.rewards)
     assert detect_on_batch(learner, subset_size=128, steps=6).status in (
         "ok", "lambda_min_nonnegative", "lambda_min_zero")
     assert all(p.grad is None for p in params)
@@ -386,8 +401,9 @@ def test_categorical_atari_shaped_smoke():
             "bootstrap_obs": rng.integers(0, 256, size=(1, 4, 84, 84), dtype=np.uint8),
         }
 
-    m1 = learner.update([batch(16)])
-    assert set(np.unique(learner.trained_batch["rewards"].numpy())) <= {-1.0, 0.0, 1.0}  # sign-clipped
-    assert learner.trained_batch["old_logits"].shape == (16, 6) and m1["logp_drift"] < 1e-4
-    m2 = learner.update([batch(16)])
+    m1 = learner.update([batch(16)]).diagnostics
+    assert set(np.unique(learner.trained_batch.rewards.numpy())) <= {-1.0, 0.0, 1.0}  # sign-clipped
+    anchor = learner.trained_batch.anchor
+    assert isinstance(anchor, CategoricalParams) and anchor.logits.shape == (16, 6) and m1["logp_drift"] < 1e-4
+    m2 = learner.update([batch(16)]).diagnostics
     assert m2["n_samples"] == 32 and m2["n_replay_batches"] == 1 and math.isfinite(m2["loss"])

@@ -18,7 +18,8 @@ from botocore.exceptions import ClientError
 from nitro.actors.events import ActorEvent
 from tests.support.lambda_invoke_server import FunctionSpec, InvokeServer
 from nitro.actors import lambda_http
-from nitro.actors.lambda_ import LambdaActorBackend, parse_report
+from nitro.actors.lambda_ import LambdaActorBackend
+from nitro.actors.lambda_answer import parse_report
 from nitro.actors.profile import profile_actor
 from nitro.cache import TrajectoryCache, connect_redis
 from nitro.config import LambdaConfig

@@ -33,9 +33,9 @@ def test_training_with_lambda_actors(prefect_api, lambda_endpoint, redis_url, tm
         f"backend.lambda.endpoint_url={lambda_endpoint}", "backend.lambda.concurrency=4",
         "backend.lambda.function_timeout_s=60", "eval.episodes=1",
     ], run_id="lambda-e2e"))
-    assert result["rounds_done"] == 2
+    assert result.rounds_done == 2
     client = MlflowClient(tracking_uri=uri)
-    run = client.get_run(result["mlflow_run_id"])
+    run = client.get_run(result.mlflow_run_id)
     assert run.data.tags["backend"] == "lambda"
     launched = client.get_metric_history(run.info.run_id, "actors_launched")
     failed = client.get_metric_history(run.info.run_id, "actors_failed")

@@ -1,4 +1,4 @@
-"""Nothing that crosses a process boundary is ever unpickled (SPEC.md: the official code did)."""
+"""Nothing that crosses a process boundary is ever unpickled: weights, trajectories and summaries travel as data."""
 
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ from mlflow.tracking import MlflowClient
 
 from nitro.checkpoint import checkpoint_dir
 from nitro.config import ConfigError, NitroConfig
-from nitro.tracking import CANONICAL_METRICS, TAG_RUN_ID, params_from_config
+from nitro.metrics import ROUND_METRICS
+from nitro.tracking import TAG_RUN_ID, params_from_config
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -49,7 +50,7 @@ def _all_runs(uri: str) -> list:
 
 
 def _check_one_value_per_round(client: MlflowClient, mlflow_run: str, rounds: int) -> None:
-    for name in CANONICAL_METRICS:
+    for name in ROUND_METRICS:
         steps = [m.step for m in client.get_metric_history(mlflow_run, name)]
         assert sorted(steps) == list(range(rounds)), f"{name}: steps {steps}"
 
@@ -74,12 +75,12 @@ def test_short_run(prefect_api, tmp_path, redis_client, redis_url):
 
     result = _train(_overrides(home, uri, redis_url), run_id)
 
-    assert result["rounds_done"] == ROUNDS and result["stop_reason"] == "round_limit"
+    assert result.rounds_done == ROUNDS and result.stop_reason == "round_limit"
     assert (store / "mlflow.db").exists()
 
     # exactly one MLflow run in the whole store: no stray runs from task threads
     runs = _all_runs(uri)
-    assert [r.info.run_id for r in runs] == [result["mlflow_run_id"]]
+    assert [r.info.run_id for r in runs] == [result.mlflow_run_id]
     run = runs[0]
     assert run.info.status == "FINISHED"
     assert run.data.tags[TAG_RUN_ID] == run_id
@@ -110,12 +111,12 @@ def test_short_run(prefect_api, tmp_path, redis_client, redis_url):
     # Prefect's graph shows the round's data flow: each step's task run lists, among its inputs,
     # the task run whose result it received
     edges = asyncio.run(_round_edges(f"{run_id}-round-1"))
-    assert ("boosting-detection", "policy-update") in edges["update"], edges
-    assert ("scaling-decision", "boosting-detection") in edges["detection"], edges
-    assert ("scaling-decision", "policy-update") in edges["update"], edges
-    assert ("plan-invocations", "scaling-decision") in edges["decision"], edges
+    assert ("detect-boosting", "update-policy") in edges["update"], edges
+    assert ("decide-actors", "detect-boosting") in edges["detection"], edges
+    assert ("decide-actors", "update-policy") in edges["update"], edges
+    assert ("plan-invocations", "decide-actors") in edges["decision"], edges
     assert ("plan-invocations", "publish-weights") in edges["weights_key"], edges
-    assert ("end-round", "scaling-decision") in edges["decision"], edges
+    assert ("end-round", "decide-actors") in edges["decision"], edges
     assert {("end-round", "invoke-actor")} == edges["summaries"], edges
 
 
@@ -150,12 +151,12 @@ async def _round_edges(round_flow_run_name: str, timeout_s: float = 30.0) -> dic
 # -- resume after a failure ------------------------------------------------------------------------
 
 
-def test_resume_after_injected_failure(prefect_api, tmp_path, monkeypatch):
+def test_resume_after_injected_failure(prefect_api, tmp_path, inject_faults):
     from prefect.client.schemas.objects import StateType
 
     home, uri, run_id = tmp_path / "home", f"sqlite:///{tmp_path}/mlflow.db", "pipeline-resume"
     overrides = _overrides(home, uri)
-    monkeypatch.setenv("NITRO_INJECT_FAILURE_AT_ROUND", "1")
+    inject_faults(fail_at=1)
 
     with pytest.raises(RuntimeError, match="injected failure in round 1"):
         _train(overrides, run_id)
@@ -163,7 +164,7 @@ def test_resume_after_injected_failure(prefect_api, tmp_path, monkeypatch):
     assert len(failed) == 1 and failed[0].info.status == "FAILED"
 
     result = _train(overrides, run_id)  # same run id: resumes after round 0
-    assert result["rounds_done"] == ROUNDS and result["stop_reason"] == "round_limit"
+    assert result.rounds_done == ROUNDS and result.stop_reason == "round_limit"
 
     # round 0 ran once; round 1 twice (failed, then completed)
     round0 = asyncio.run(_flow_runs_named(f"{run_id}-round-0"))
@@ -173,17 +174,17 @@ def test_resume_after_injected_failure(prefect_api, tmp_path, monkeypatch):
 
     # MLflow: still one run, re-attached, one value per step
     runs = _all_runs(uri)
-    assert [r.info.run_id for r in runs] == [result["mlflow_run_id"]] == [failed[0].info.run_id]
+    assert [r.info.run_id for r in runs] == [result.mlflow_run_id] == [failed[0].info.run_id]
     assert runs[0].info.status == "FINISHED"
     client = MlflowClient(tracking_uri=uri)
-    _check_one_value_per_round(client, result["mlflow_run_id"], ROUNDS)
+    _check_one_value_per_round(client, result.mlflow_run_id, ROUNDS)
 
     # spend is not double counted: the ledger total is the sum of the per-round spends
-    per_round = [m.value for m in client.get_metric_history(result["mlflow_run_id"], "spend_round_usd")]
+    per_round = [m.value for m in client.get_metric_history(result.mlflow_run_id, "spend_round_usd")]
     assert len(per_round) == ROUNDS
-    assert math.isclose(result["spend_usd"], sum(per_round), rel_tol=1e-9, abs_tol=1e-12)
-    total = client.get_metric_history(result["mlflow_run_id"], "spend_total_usd")
-    assert math.isclose(max(total, key=lambda m: m.step).value, result["spend_usd"], rel_tol=1e-9, abs_tol=1e-12)
+    assert math.isclose(result.spend_usd, sum(per_round), rel_tol=1e-9, abs_tol=1e-12)
+    total = client.get_metric_history(result.mlflow_run_id, "spend_total_usd")
+    assert math.isclose(max(total, key=lambda m: m.step).value, result.spend_usd, rel_tol=1e-9, abs_tol=1e-12)
 
 
 # -- bad input ------------------------------------------------------------------------------------

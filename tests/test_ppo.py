@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 
 import numpy as np
 import pytest
@@ -14,25 +15,20 @@ from torch.distributions import Categorical, Independent, Normal
 from nitro.config import PPOConfig
 from nitro.envs import EnvSpec, env_spec, make_env
 from nitro.models import Policy
-from nitro.learners import PPOLearner
-from nitro.learners.common import (
-    adapt_kl_coef,
-    annealed_lr,
-    discounted_return_trace,
-    entropy_bonus,
-    explained_variance,
-    kl_penalty,
-    noise_scale_from_norms,
-    training_rewards,
-)
+from nitro.learners import Learner, PPOLearner, Progress
+from nitro.learners.distributions import CategoricalParams
+from nitro.learners.objective import adapt_kl_coef, entropy_bonus, kl_penalty
 from nitro.learners.ppo import (
+    PPOMinibatch,
     clipped_surrogate,
-    compute_gae,
     ppo_loss,
     ppo_objective,
     prepare_batches,
     value_loss,
 )
+from nitro.learners.returns import compute_gae
+from nitro.learners.sgd import annealed_lr, noise_scale_from_norms
+from nitro.learners.statistics import discounted_return_trace, explained_variance, training_rewards
 from nitro.serialization import dumps_tensors, loads_tensors
 
 LN2 = math.log(2.0)
@@ -138,11 +134,10 @@ def test_ppo_loss_combines_terms_by_hand():
     actions = torch.tensor([1, 0])
     logp_old = torch.log(torch.tensor([0.5, 0.5]))
     adv = torch.tensor([1.0, -1.0])
-    total, terms = ppo_loss(
-        new, old, actions, logp_old, adv,
-        values=torch.tensor([1.0, 3.0]), returns=torch.tensor([2.0, 0.0]), old_values=torch.zeros(2),
-        clip=0.2, kl_coef=0.5, vf_clip=2.0, vf_coef=0.25, entropy_coef=0.1,
-    )
+    mb = PPOMinibatch(obs=torch.zeros(2, 1), actions=actions, logp_old=logp_old, advantages=adv,
+                      returns=torch.tensor([2.0, 0.0]), old_values=torch.zeros(2), anchor=old)
+    total, terms = ppo_loss(new, torch.tensor([1.0, 3.0]), mb,
+                            clip=0.2, kl_coef=0.5, vf_clip=2.0, vf_coef=0.25, entropy_coef=0.1)
     # ratios: a=1: 0.75/0.5 = 1.5 ; a=0: 0.25/0.5 = 0.5
     # surrogate terms: min(1.5, 1.2) = 1.2 ; min(-0.5, -0.8) = -0.8 -> mean 0.2 -> loss -0.2
     # KL per state 0.5 ln(4/3) = 0.143841 (both states)
@@ -220,16 +215,16 @@ def test_prepare_batches_terminated_vs_truncated_by_hand():
     # B: V = [5,6,8]; successors: V(obs1)=6, 0 (terminated), V(boot)=1
     #    delta = [2+3-5, 2+0-6, 2+0.5-8] = [0, -4, -5.5]; ends at t=1, t=2
     #    A2 = -5.5 ; A1 = -4 ; A0 = 0 + 0.5*(-4) = -2
-    np.testing.assert_allclose(out["advantages"].numpy(), [2.25, 2.5, 0.75, 1.5, -2.0, -4.0, -5.5], atol=1e-6)
+    np.testing.assert_allclose(out.advantages.numpy(), [2.25, 2.5, 0.75, 1.5, -2.0, -4.0, -5.5], atol=1e-6)
     # returns = A + V
-    np.testing.assert_allclose(out["returns"].numpy(), [3.25, 4.5, 3.75, 5.5, 3.0, 2.0, 2.5], atol=1e-6)
-    np.testing.assert_allclose(out["values"].numpy(), [1, 2, 3, 4, 5, 6, 8], atol=1e-6)
-    assert out["obs"].shape == (7, 1) and out["old_loc"].shape == (7, 1) and out["old_scale"].shape == (7, 1)
+    np.testing.assert_allclose(out.returns.numpy(), [3.25, 4.5, 3.75, 5.5, 3.0, 2.0, 2.5], atol=1e-6)
+    np.testing.assert_allclose(out.values.numpy(), [1, 2, 3, 4, 5, 6, 8], atol=1e-6)
+    assert out.obs.shape == (7, 1) and out.anchor.loc.shape == (7, 1) and out.anchor.scale.shape == (7, 1)
 
     # reward_scale multiplies the rewards: batch B alone with scale 2, delta = [4+3-5, 4-6, 4+0.5-8]
     # = [2, -2, -3.5]; A = [2 + 0.5*(-2), -2, -3.5] = [1, -2, -3.5]
     out2 = prepare_batches([b], policy, IdentityCritic(), gamma=0.5, lam=1.0, reward_scale=2.0)
-    np.testing.assert_allclose(out2["advantages"].numpy(), [1.0, -2.0, -3.5], atol=1e-6)
+    np.testing.assert_allclose(out2.advantages.numpy(), [1.0, -2.0, -3.5], atol=1e-6)
 
 
 def test_prepare_batches_rejects_unknown_last_successor():
@@ -300,19 +295,19 @@ def test_learner_update_improves_objective_and_changes_weights(hopper_batches):
     round1, _ = hopper_batches
     learner = PPOLearner(env_spec(ENV), CFG, seed=0, noise_scale=True)  # as the kungfu scaler asks for it
     data = learner.prepare(round1)
-    closure = ppo_objective(learner.policy, data, np.arange(len(data["rewards"])),
+    closure = ppo_objective(learner.policy, data, np.arange(len(data.rewards)),
                             clip=CFG.clip, kl_coef=learner.kl_coef, entropy_coef=CFG.entropy_coef)
     with torch.no_grad():
         surrogate_before = float(closure())
-        vf_before = float(value_loss(learner.critic(learner.policy.features(data["obs"])), data["returns"], data["values"], CFG.vf_clip))
+        vf_before = float(value_loss(learner.critic(learner.policy.features(data.obs)), data.returns, data.values, CFG.vf_clip))
     p_before, c_before = _flat(learner.policy), _flat(learner.critic)
     before = copy.deepcopy(learner.policy)
 
-    m = learner.update(round1)
+    m = learner.update(round1).diagnostics
 
     with torch.no_grad():
         surrogate_after = float(closure())
-        vf_after = float(value_loss(learner.critic(learner.policy.features(data["obs"])), data["returns"], data["values"], CFG.vf_clip))
+        vf_after = float(value_loss(learner.critic(learner.policy.features(data.obs)), data.returns, data.values, CFG.vf_clip))
     assert surrogate_after < surrogate_before
     assert vf_after < vf_before
     assert not torch.equal(p_before, _flat(learner.policy))
@@ -327,8 +322,8 @@ def test_learner_update_improves_objective_and_changes_weights(hopper_batches):
     assert float(learner.policy.obs_norm.count) == pytest.approx(1e-4 + 512)
     before.obs_norm.load_state_dict(learner.policy.obs_norm.state_dict())
     with torch.no_grad():
-        anchor = before.distribution(learner.trained_batch["obs"]).base_dist.loc
-    assert torch.allclose(anchor, learner.trained_batch["old_loc"], atol=1e-6)
+        anchor = before.distribution(learner.trained_batch.obs).base_dist.loc
+    assert torch.allclose(anchor, learner.trained_batch.anchor.loc, atol=1e-6)
     assert 0 < m["logp_drift"] < 0.5
     # adaptive KL applied after the update, from the whole-batch KL
     assert m["kl_coef"] == pytest.approx(adapt_kl_coef(m["kl_coef_used"], m["kl"], CFG.kl_target))
@@ -340,7 +335,7 @@ def test_learner_update_is_deterministic(hopper_batches):
     results = []
     for _ in range(2):
         learner = PPOLearner(env_spec(ENV), CFG, seed=0)
-        m1, m2 = learner.update(round1), learner.update(round2)
+        m1, m2 = learner.update(round1).diagnostics, learner.update(round2).diagnostics
         results.append((_flat(learner.policy), _flat(learner.critic), m1, m2))
     (p1, c1, a1, a2), (p2, c2, b1, b2) = results
     assert torch.equal(p1, p2) and torch.equal(c1, c2)
@@ -348,6 +343,41 @@ def test_learner_update_is_deterministic(hopper_batches):
         assert {k: v for k, v in x.items() if k != "seconds"} == pytest.approx(
             {k: v for k, v in y.items() if k != "seconds"}, nan_ok=True
         )
+
+
+def test_ppo_anneals_its_own_learning_rate_from_progress(hopper_batches):
+    round1, round2 = hopper_batches
+    cfg = PPOConfig(lr=3e-4, epochs=2, minibatch_size=128, anneal_lr=True)
+    lr3 = annealed_lr(cfg.lr, 3, 5)  # 3e-4 x (1 - 2/4) = 1.5e-4
+    learner = PPOLearner(env_spec(ENV), cfg, seed=0)
+    assert isinstance(learner, Learner) and learner.name == "ppo"
+    result = learner.update(round1, progress=Progress(round=3, rounds=5))
+    assert result.diagnostics["lr"] == lr3 == learner.optimizer.param_groups[0]["lr"]
+    # set before the update's first step: the same weights as setting it by hand beforehand
+    by_hand = PPOLearner(env_spec(ENV), cfg, seed=0)
+    by_hand.set_learning_rate(lr3)
+    by_hand.update(round1)
+    assert torch.equal(_flat(by_hand.policy), _flat(learner.policy))
+    assert torch.equal(_flat(by_hand.critic), _flat(learner.critic))
+    # no progress (outside a run): the learning rate stays where it is
+    assert learner.update(round2).diagnostics["lr"] == lr3
+    # anneal_lr off: progress moves nothing
+    fixed = PPOLearner(env_spec(ENV), CFG, seed=0)
+    assert fixed.update(round1, progress=Progress(round=3, rounds=5)).diagnostics["lr"] == CFG.lr
+
+
+def test_a_deadline_in_the_past_stops_the_update_before_its_first_step(hopper_batches):
+    round1, _ = hopper_batches
+    learner = PPOLearner(env_spec(ENV), CFG, seed=0)
+    p0, c0 = _flat(learner.policy), _flat(learner.critic)
+    result = learner.update(round1, deadline=time.perf_counter() - 1.0)
+    assert result.cut_short and result.sgd_steps == 0 and result.skipped_minibatches == 0
+    assert not result.took_no_step  # nothing failed: the budget ran out
+    assert result.diagnostics["update_cut_short"] == 1.0 and result.diagnostics["sgd_steps"] == 0.0
+    assert torch.equal(p0, _flat(learner.policy)) and torch.equal(c0, _flat(learner.critic))
+    later = learner.update(round1, deadline=time.perf_counter() + 3600.0)
+    assert not later.cut_short and later.sgd_steps == later.diagnostics["sgd_steps"] == 2 * 4  # epochs x minibatches
+    assert later.grad_noise_scale == later.diagnostics["grad_noise_scale"] or math.isnan(later.grad_noise_scale)
 
 
 def test_state_dict_round_trips_through_safetensors(hopper_batches):
@@ -362,7 +392,7 @@ def test_state_dict_round_trips_through_safetensors(hopper_batches):
     assert (b.reward_stats.mean, b.reward_stats.var, b.reward_stats.count) == (
         a.reward_stats.mean, a.reward_stats.var, a.reward_stats.count)
     # Same state (Adam moments included) -> the next update is identical.
-    ma, mb = a.update(round2), b.update(round2)
+    ma, mb = a.update(round2).diagnostics, b.update(round2).diagnostics
     assert torch.equal(_flat(a.policy), _flat(b.policy)) and torch.equal(_flat(a.critic), _flat(b.critic))
     assert ma["policy_loss"] == mb["policy_loss"] and ma["kl_coef"] == mb["kl_coef"]
     assert set(a.weights()) == set(a.policy.state_dict())  # publishing: the policy alone
@@ -424,7 +454,7 @@ def test_learner_runs_on_a_discrete_atari_shaped_batch():
         "bootstrap_obs": rng.integers(0, 256, size=(1, 4, 84, 84), dtype=np.uint8),
     }
     data = learner.prepare([batch])
-    assert set(np.unique(data["rewards"].numpy())) <= {-1.0, 0.0, 1.0}  # sign-clipped
-    assert "old_logits" in data and data["old_logits"].shape == (T, 6)
-    m = learner.update([batch])
+    assert set(np.unique(data.rewards.numpy())) <= {-1.0, 0.0, 1.0}  # sign-clipped
+    assert isinstance(data.anchor, CategoricalParams) and data.anchor.logits.shape == (T, 6)
+    m = learner.update([batch]).diagnostics
     assert m["n_samples"] == T and m["kl"] >= 0 and m["logp_drift"] < 1e-4

@@ -19,7 +19,8 @@ import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from nitro.tracking import CANONICAL_METRICS
+from nitro.metrics import ROUND_METRICS
+from tests.support import faults
 from tests.support.servers import (
     create_flow_run,
     deploy_leaves_no_trace,
@@ -61,7 +62,7 @@ def deployment(server):
         assert all(not s["active"] for s in dep["schedules"]), "schedules must ship inactive"
 
     log = tmp / "worker.log"
-    with prefect_worker(dict(env, NITRO_INJECT_FAILURE_AT_ROUND=str(FAIL_AT)), "nitro-local", log):
+    with prefect_worker(faults.worker_env(env, fail_at=FAIL_AT), "nitro-local", log):
         yield api, dep, tmp, log
 
 
@@ -113,7 +114,7 @@ def test_deployed_run_fails_retries_and_resumes(deployment):
     assert run.info.status == "FINISHED"
     assert run.data.tags["nitro.run_id"] == run_id
     assert run.data.tags["prefect.flow_run_id"] == flow_run_id
-    for name in CANONICAL_METRICS:
+    for name in ROUND_METRICS:
         steps = [m.step for m in mlflow.get_metric_history(run.info.run_id, name)]
         assert sorted(steps) == list(range(ROUNDS)), f"{name}: steps {steps}"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from nitro.actors.local import LocalActorPool
 from nitro.cache import TrajectoryCache, connect_redis
 from nitro.checkpoint import load_checkpoint, save_checkpoint
 from nitro.config import NitroConfig, ScalerConfig
-from nitro.engine import Trainer
+from nitro.engine import TrainingRun
 from nitro.probe import ProbeError, arm_config, load_probe_spec, score_at, spearman_ci, fork
 from tests.test_engine import drive
 
@@ -28,20 +29,20 @@ def pool():
         yield p
 
 
-def _trainer(redis_url: str, run_id: str, home: Path) -> Trainer:
+def _training(redis_url: str, run_id: str, home: Path) -> TrainingRun:
     cfg = NitroConfig.load({"steps_per_actor": 128, "home": str(home), "eval": {"every_rounds": 0},
                             "detector": {"subset_size": 128, "enabled": True}, "scaler": {"name": "fixed", "fixed_actors": 2}})
-    return Trainer(cfg, run_id, TrajectoryCache(connect_redis(redis_url), run_id, ttl_s=600), actor_cache_url=redis_url)
+    return TrainingRun(cfg, run_id, TrajectoryCache(connect_redis(redis_url), run_id, ttl_s=600), actor_cache_url=redis_url)
 
 
 def test_a_fork_continues_the_trunk_exactly(redis_url, redis_client, pool, tmp_path):
-    trunk = _trainer(redis_url, "probe-trunk", tmp_path)
+    trunk = _training(redis_url, "probe-trunk", tmp_path)
     drive(trunk, pool, 3)  # rounds 0..2
     save_checkpoint(tmp_path, "probe-trunk", 2, trunk.state_dict())
     assert trunk.open_episodes, "Hopper episodes of a random policy end within 128 steps: one is always open"
     fork(redis_client, tmp_path, "probe-trunk", "probe-arm", 3, ttl_s=600)
 
-    arm = _trainer(redis_url, "probe-arm", tmp_path)
+    arm = _training(redis_url, "probe-arm", tmp_path)
     arm.load_state_dict(load_checkpoint(tmp_path, "probe-arm", 2)[1])
     # the arm trains on its own copies of the trunk's batches, and continues its own copies of the
     # trunk's unfinished episodes
@@ -51,13 +52,13 @@ def test_a_fork_continues_the_trunk_exactly(redis_url, redis_client, pool, tmp_p
     # round 3's update and detection are the trunk's: the same samples, losses and R
     ua, ut = arm.update_policy(3), trunk.update_policy(3)
     assert ua.samples == ut.samples == 256
-    assert ua.metrics["policy_loss"] == pytest.approx(ut.metrics["policy_loss"], rel=1e-6)
-    assert arm.detect(3, ua).R == pytest.approx(trunk.detect(3, ut).R, rel=1e-6)
+    assert ua.diagnostics["policy_loss"] == pytest.approx(ut.diagnostics["policy_loss"], rel=1e-6)
+    assert arm.detect_boosting(3, ua).R == pytest.approx(trunk.detect_boosting(3, ut).R, rel=1e-6)
 
     # once the trunk has run round 3 (which deletes round 2's entries), it can no longer be forked there
-    decision = trunk.decide(3, None, ut)
-    events = trunk.actor_events(3, decision.n_actors, trunk.publish_weights(3))
-    trunk.end_round(3, ut, None, decision, pool.invoke_many(events), actor_s=0.0, round_s=1.0)
+    decision = trunk.decide_actors(3, None, ut, time.perf_counter())
+    events = trunk.plan_invocations(3, decision, trunk.publish_weights(3))
+    trunk.end_round(3, ut, None, decision, pool.invoke_many(events), actor_s=0.0, elapsed_s=1.0)
     with pytest.raises(ProbeError, match="are gone"):
         fork(redis_client, tmp_path, "probe-trunk", "probe-late", 3, ttl_s=600)
     with pytest.raises(ProbeError, match="no checkpoint of round 6"):

@@ -42,7 +42,7 @@ def _train(overrides: list[str], run_id: str) -> dict:
 
 def _history(tmp_path, result: dict, name: str) -> list[float]:
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
-    return [m.value for m in sorted(client.get_metric_history(result["mlflow_run_id"], name), key=lambda m: m.step)]
+    return [m.value for m in sorted(client.get_metric_history(result.mlflow_run_id, name), key=lambda m: m.step)]
 
 
 # Each bad batch is a real batch of this run with one thing wrong: (what is wrong, how, the reason).
@@ -83,7 +83,7 @@ def _plant_after_round(k: int, planted: dict[str, str]):
     def plant(run_id: str, report) -> None:
         if report.round != k:
             return
-        trainer = get_run(run_id).trainer
+        trainer = get_run(run_id).training
         for inv, (breaks, reason) in zip(sorted(trainer.pending), PLANTS):
             arrays, meta = loads_tensors(trainer.cache.get_batch(k, inv))
             arrays = {key: v.copy() for key, v in arrays.items()}
@@ -114,13 +114,13 @@ def test_bad_batches_planted_mid_run_are_dropped_and_the_run_finishes(prefect_ap
         ROUND_OBSERVERS.remove(observer)
         logging.getLogger("nitro").removeHandler(lines)
 
-    assert result["rounds_done"] == 3 and len(planted) == len(PLANTS)
+    assert result.rounds_done == 3 and len(planted) == len(PLANTS)
     assert _history(tmp_path, result, "actors_corrupt") == [0.0, len(PLANTS), 0.0]
     assert _history(tmp_path, result, "batches_missing") == [0.0, 0.0, 0.0]
     # round 1 trained on the good batches only, round 2 on all of round 1's (round 0 has no update)
     assert _history(tmp_path, result, "ppo/n_samples") == [(ACTORS - len(PLANTS)) * STEPS, ACTORS * STEPS]
     # the reasons: one line each in the log, and a tag per dropped batch on the MLflow run
-    tags = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db").get_run(result["mlflow_run_id"]).data.tags
+    tags = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db").get_run(result.mlflow_run_id).data.tags
     for inv, reason in planted.items():
         assert reason in tags[f"nitro.corrupt.{inv}"], (inv, tags.get(f"nitro.corrupt.{inv}"))
         assert any(inv in line and reason in line and "\n" not in line for line in lines.lines), inv
@@ -133,7 +133,7 @@ def test_bad_batches_planted_mid_run_are_dropped_and_the_run_finishes(prefect_ap
 
 def test_a_clean_run_trains_on_every_batch_its_actors_wrote(prefect_api, tmp_path, redis_url):
     result = _train(_overrides(tmp_path, redis_url, "rounds=3"), "every-batch")
-    assert result["rounds_done"] == 3
+    assert result.rounds_done == 3
     launched = _history(tmp_path, result, "actors_launched")
     assert launched == [ACTORS] * 3 and _history(tmp_path, result, "actors_failed") == [0.0] * 3
     assert _history(tmp_path, result, "batches_missing") == [0.0] * 3
@@ -148,6 +148,6 @@ def test_the_target_reward_stops_the_run(prefect_api, tmp_path, redis_url):
     # Any evaluation return of an untrained Hopper policy (a few dozen) clears a target of -1000.
     result = _train(_overrides(tmp_path, redis_url, "rounds=5", "eval.every_rounds=2", "eval.episodes=1",
                                "target_reward=-1000"), "target")
-    assert result["stop_reason"] == "target_reward" and result["rounds_done"] == 1
+    assert result.stop_reason == "target_reward" and result.rounds_done == 1
     evaluated = _history(tmp_path, result, "eval_return_mean")
     assert len(evaluated) == 1 and not math.isnan(evaluated[0]) and evaluated[0] >= -1000

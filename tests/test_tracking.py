@@ -18,9 +18,8 @@ from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
 from nitro.config import NitroConfig
+from nitro.metrics import HEADLINE_METRICS, ROUND_METRICS
 from nitro.tracking import (
-    CANONICAL_METRICS,
-    HEADLINE_METRICS,
     HEADLINE_PREFIX,
     LOCAL_COST_MODEL,
     SENTINEL_METRIC,
@@ -39,7 +38,7 @@ def tracker(tracking_uri: str) -> RunTracker:
 
 
 def _metrics(k: int) -> dict[str, float]:
-    m = {name: float(k) + i / 100 for i, name in enumerate(CANONICAL_METRICS)}
+    m = {name: float(k) + i / 100 for i, name in enumerate(ROUND_METRICS)}
     m["ppo/kl"] = 0.01 * k
     m["ppo/clip_frac"] = 0.1
     return m
@@ -124,7 +123,7 @@ def test_relogging_a_round_does_not_duplicate(tracker: RunTracker, tracking_uri:
     assert logger_only.log_round(rid, 1, _metrics(1)) is False
 
     client = MlflowClient(tracking_uri)
-    for key in (*CANONICAL_METRICS, "ppo/kl", SENTINEL_METRIC):
+    for key in (*ROUND_METRICS, "ppo/kl", SENTINEL_METRIC):
         hist = client.get_metric_history(rid, key)
         assert sorted(m.step for m in hist) == [0, 1, 2, 3, 4], key
     assert client.get_run(rid).data.metrics["eval_return_mean"] == pytest.approx(4.0)
@@ -141,6 +140,7 @@ def test_log_round_is_one_batch(tracker: RunTracker, monkeypatch):
     m["ignored"] = None
     tracker.log_round(rid, 0, m)
     # one batch: the metrics, their headline copies and the sentinel
+    assert set(HEADLINE_METRICS) <= set(ROUND_METRICS)
     assert len(calls) == 1 and len(calls[0]["metrics"]) == len(_metrics(0)) + len(HEADLINE_METRICS) + 1
     assert all(x.step == 0 for x in calls[0]["metrics"])
     assert math.isnan(tracker.client.get_run(rid).data.metrics["boost_score"])
@@ -305,7 +305,7 @@ def test_headline_group_and_carried_score(tracker: RunTracker, tracking_uri: str
                                        key=lambda m: m.step)]
     assert carried == [10.0, 10.0, 10.0, 30.0, 30.0]
     raw = [m.value for m in sorted(client.get_metric_history(rid, "eval_return_mean"), key=lambda m: m.step)]
-    assert [v for v in raw if not math.isnan(v)] == [10.0, 30.0]  # the canonical metric is untouched
+    assert [v for v in raw if not math.isnan(v)] == [10.0, 30.0]  # the metric itself is untouched
 
 
 def test_experiment_opens_as_model_training_with_headline_columns(tracker: RunTracker, monkeypatch):
@@ -352,3 +352,26 @@ def test_final_rebuilds_rows_from_store(tracker: RunTracker):
     assert "policy" not in written and "plot_return" in written
     run = tracker.client.get_run(rid)
     assert run.info.status == "KILLED" and run.data.tags[TAG_CHECKPOINT] == "s3://bucket/ckpt/nitro-run-rows"
+
+
+def test_ui_and_value_helpers():
+    """The pure pieces around the tracker: re-attach tags, experiment tags, filter quoting, keys."""
+    from nitro.tracking_ui import FlowRun, experiment_tags, reattach_prefect_tags
+    from nitro.tracking_values import MAX_KEY, clean_key, filter_value
+
+    flow = FlowRun("f-1", "glossy-panda", "http://prefect.local/runs/flow-run/f-1")
+    known = {"prefect.flow_run_id": "f-1", "prefect.flow_run_url": flow.url, "prefect.flow_run_ids": "f-0,f-1"}
+    assert reattach_prefect_tags(known, flow, "r") == {}  # same flow run: nothing to write
+    assert reattach_prefect_tags(known, FlowRun(None), "r") == {}  # outside Prefect: the tags stay
+    moved = reattach_prefect_tags(known, FlowRun("f-2"), "r")
+    assert moved["prefect.flow_run_id"] == "f-2" and moved["prefect.flow_run_ids"] == "f-0,f-1,f-2"
+    assert "`f-2`" in moved["mlflow.note.content"]
+    assert reattach_prefect_tags(known, FlowRun("f-1", url="http://elsewhere/f-1"), "r")["prefect.flow_run_ids"] == "f-0,f-1"
+
+    fresh = experiment_tags({}, ["Headline/x"])
+    assert fresh["mlflow.experimentKind"] == "custom_model_development"
+    assert experiment_tags(fresh, ["Headline/x"]) == {}  # already there: nothing to write
+    assert set(experiment_tags(fresh, ["Headline/y"])) == {"mlflow.sharedViewState.nitro"}
+
+    assert filter_value("it's a\\b") == "'it\\'s a\\\\b'"
+    assert clean_key("//a//b*c/") == "a/b_c" and len(clean_key("k" * 400)) == MAX_KEY

@@ -9,7 +9,7 @@ README links them; set NITRO_SCREENSHOT_DIR to write them elsewhere).
 
 * Prefect: open the deployment, start a Custom run through the form, see the round lines in Logs
   and the round table grow while the run is still running (the worker holds round 2 with
-  NITRO_INJECT_HANG_AT_ROUND, so "before the run ends" is a fact, not a race), follow the link to
+  an injected hang (tests/support/faults.py), so "before the run ends" is a fact, not a race), follow the link to
   the MLflow run; kill -9 the flow run's process in the middle of round 2, press Retry in the UI:
   the run completes, no subflow stays Running, and each artifact exists once.
 * MLflow: the run list shows the headline metrics, the run's charts open with the Headline
@@ -35,6 +35,7 @@ import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.support import faults
 from tests.support.servers import (
     create_flow_run,
     REPO,
@@ -110,7 +111,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
                 prefect_cli(srv.env, *command)
         dep = httpx.get(f"{srv.api}/deployments/name/nitro-train/local-actors", timeout=30).json()
         log = tmp / "worker.log"
-        worker_env = dict(srv.env, MLFLOW_UI_URL=mlflow_url, NITRO_INJECT_HANG_AT_ROUND=str(HANG_AT))
+        worker_env = faults.worker_env(dict(srv.env, MLFLOW_UI_URL=mlflow_url), hang_at=HANG_AT)
         with prefect_worker(worker_env, "nitro-local", log):
             yield Stack(srv.ui, srv.api, mlflow_url, uri, config, dep["id"], log)
 

@@ -14,9 +14,10 @@ from torch import nn
 
 from nitro.config import ImpactConfig, PPOConfig
 from nitro.envs import env_spec
-from nitro.learners import PPOLearner
-from nitro.learners.common import RunningMeanStd, clipped_step
-from nitro.learners.impact import ImpactLearner, ReplayBuffer
+from nitro.learners import ImpactLearner, PPOLearner
+from nitro.learners.replay import ReplayBuffer
+from nitro.learners.sgd import clipped_step
+from nitro.learners.statistics import RunningMeanStd
 from nitro.models import ObsNorm, build_policy
 from nitro.rollout import rollout
 from nitro.serialization import dumps_tensors
@@ -166,8 +167,9 @@ def test_ppo_update_on_a_nan_batch_leaves_the_policy_finite(hopper):
     learner = PPOLearner(env_spec(HOPPER), PPOConfig(epochs=2, minibatch_size=32), seed=0)
     learner.update([hopper])  # a good first update: the statistics are real
     before = {k: v.clone() for k, v in learner.policy.state_dict().items()}
-    metrics = learner.update([_with(hopper, "rewards", _nan_at(hopper["rewards"], np.nan))])
-    assert metrics["sgd_steps"] == 0 and metrics["skipped_minibatches"] == 4
+    result = learner.update([_with(hopper, "rewards", _nan_at(hopper["rewards"], np.nan))])
+    assert result.sgd_steps == 0 and result.skipped_minibatches == 4 and result.took_no_step
+    assert result.diagnostics["sgd_steps"] == 0 and result.diagnostics["skipped_minibatches"] == 4
     after = learner.policy.state_dict()
     assert all(torch.isfinite(v).all() for v in after.values())
     assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("obs_norm"))

@@ -1,18 +1,14 @@
 """The AWS Lambda actor backend: the same interface as ``LocalActorPool``, over one event loop.
 
-``LambdaActorBackend(cfg: LambdaConfig, memory_mb, timeout_s)`` gives ``invoke(event) ->
-ActorSummary`` (thread-safe, blocking, never raises for a failed actor), ``invoke_many(events)``,
-``launch(events)``, ``close()`` and the context-manager protocol.
-
 Why an event loop: a round boosted to 1000 actors must leave the client at once. With one boto3
-call per thread, each invoke cost 1 to 2.5 ms of Python CPU (botocore's pipeline, plus a thousand
-threads contending for one GIL), so the 1000th request left about 2.5 s after the first
+call per thread, each invoke costs 1 to 2.5 ms of Python CPU (botocore's pipeline, plus a thousand
+threads contending for one GIL), so the 1000th request leaves about 2.5 s after the first
 (bench/fanout.py). Here every invocation is a coroutine on ONE loop in a background thread, and the
 request goes through a transport (nitro/actors/lambda_http.py): by default aiohttp with botocore's
 SigV4 signer, about 0.2 ms per request; ``cfg.invoker = "boto3"`` runs the SDK's ``invoke`` in a
 thread pool instead.
 
-How it talks to Lambda (see ../shared/NOTES.md, "AWS Lambda"):
+How it talks to Lambda (docs/decisions.md, "AWS Lambda"):
 
 * One HTTP connection pool shared by every call, as large as the concurrency; a read timeout above
   the function's timeout (a slow actor is reported by Lambda as a timeout, never cut off and
@@ -35,9 +31,7 @@ How it talks to Lambda (see ../shared/NOTES.md, "AWS Lambda"):
   the client (or waits for a slot); the round's mapped Prefect tasks then ``invoke`` the same ids
   and receive those invocations' summaries. So the fan-out never waits for Prefect to start a
   thousand task runs one by one, and each actor still has its task run.
-* ``billed_ms`` comes from the ``REPORT ... Billed Duration: N ms`` line of the log tail
-  (``LogType=Tail``) when Lambda returns it; otherwise it is the duration measured inside the
-  actor, and failing that the client's round trip.
+* ``billed_ms`` and the summary of an answer: nitro/actors/lambda_answer.py.
 * ``endpoint_url`` (``cfg.endpoint_url``) points the client at another Invoke API, e.g.
   ``tests/support/lambda_invoke_server.py`` in tests and benchmarks.
 """
@@ -45,12 +39,9 @@ How it talks to Lambda (see ../shared/NOTES.md, "AWS Lambda"):
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
-import math
 import random
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -60,47 +51,17 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from nitro.actors.events import ActorEvent, ActorSummary
-from nitro.actors.lambda_http import TRANSPORTS, InvokeResponse, TransportError
+from nitro.actors.lambda_answer import UNKNOWN, answer_summary, one_line, parse_report
+from nitro.actors.lambda_http import TRANSPORTS, TransportError
 from nitro.config import LambdaConfig
+
+__all__ = ["LAUNCH_WAIT_S", "InvocationTiming", "LambdaActorBackend", "parse_report"]
 
 log = logging.getLogger(__name__)
 
-_BILLED_RE = re.compile(r"Billed Duration:\s*(\d+)\s*ms")
-_MEMORY_RE = re.compile(r"Memory Size:\s*(\d+)\s*MB")
-_INIT_RE = re.compile(r"Init Duration:\s*([\d.]+)\s*ms")
-_MAX_USED_RE = re.compile(r"Max Memory Used:\s*(\d+)\s*MB")
 _THROTTLE_CODES = {"TooManyRequestsException"}
-UNKNOWN = "unknown"
 LAUNCH_WAIT_S = 30.0
 T = TypeVar("T")
-
-
-def parse_report(log_result: str | None) -> dict[str, float]:
-    """Fields of the ``REPORT`` line of a base64 ``LogResult`` (tail of the invocation's log).
-
-    Returns any of ``billed_ms``, ``memory_mb``, ``init_ms``, ``max_memory_used_mb``; empty if
-    there is no log or no REPORT line.
-    """
-    if not log_result:
-        return {}
-    try:
-        text = base64.b64decode(log_result).decode("utf-8", errors="replace")
-    except (ValueError, TypeError):
-        return {}
-    report = next((line for line in reversed(text.splitlines()) if line.startswith("REPORT")), None)
-    if report is None:
-        return {}
-    out: dict[str, float] = {}
-    for key, rx, cast in (("billed_ms", _BILLED_RE, int), ("memory_mb", _MEMORY_RE, int),
-                          ("init_ms", _INIT_RE, float), ("max_memory_used_mb", _MAX_USED_RE, int)):
-        m = rx.search(report)
-        if m:
-            out[key] = cast(m.group(1))
-    return out
-
-
-def _one_line(text: Any, limit: int = 400) -> str:
-    return " ".join(str(text).split())[:limit]
 
 
 @dataclass
@@ -283,11 +244,11 @@ class LambdaActorBackend:
                 try:
                     response = await self.transport.send(payload, inv)
                 except TransportError as exc:  # no answer: refused, reset, read timeout
-                    return failed(f"no response from Lambda ({exc.kind}): {_one_line(exc.message)}")
+                    return failed(f"no response from Lambda ({exc.kind}): {one_line(exc.message)}")
             timing.answered = time.monotonic()
             if response.ok:
                 break
-            code, status, message = response.error_code, response.status, _one_line(response.error_message)
+            code, status, message = response.error_code, response.status, one_line(response.error_message)
             if code in _THROTTLE_CODES or status == 429:
                 self.stats["throttled"] += 1
                 if attempt < self.cfg.max_throttle_retries:
@@ -302,39 +263,9 @@ class LambdaActorBackend:
                 return failed(f"payload too large for a synchronous invoke ({len(payload)} bytes; limit 6 MB): {message}")
             return failed(f"Lambda rejected the invocation ({code}, HTTP {status}): {message}")
         self.stats["invocations"] += 1
-        return self._summary(inv, response, time.monotonic() - call_start, failed)
-
-    def _summary(self, inv: str, response: InvokeResponse, wall: float, failed) -> ActorSummary:
-        """The actor's summary from a 2xx answer, with ``billed_ms`` from the REPORT line."""
-        report = parse_report(response.log_result)
-        billed = int(report["billed_ms"]) if "billed_ms" in report else None
-        body = response.body
         if response.function_error:
             self.stats["function_errors"] += 1
-            try:
-                doc = json.loads(body)
-            except ValueError:
-                doc = {"errorMessage": body[:300].decode(errors="replace")}
-            etype = doc.get("errorType", response.function_error) if isinstance(doc, dict) else response.function_error
-            emsg = doc.get("errorMessage", "") if isinstance(doc, dict) else str(doc)
-            kind = "timed out" if "timed out" in str(emsg).lower() or "Timedout" in str(etype) else "function error"
-            return failed(f"Lambda {kind} ({etype}): {_one_line(emsg)}",
-                          billed if billed is not None else math.ceil(wall * 1000))
-        try:
-            summary = ActorSummary.model_validate(json.loads(body))
-        except ValueError as exc:
-            return failed(f"Lambda returned an invalid summary: {_one_line(exc, 200)}",
-                          billed if billed is not None else math.ceil(wall * 1000))
-        if summary.invocation_id != inv and inv != UNKNOWN:
-            return failed(f"Lambda answered for invocation {summary.invocation_id!r}, expected {inv!r}", billed)
-        update: dict[str, Any] = {}
-        if billed is not None:
-            update["billed_ms"] = billed
-        elif summary.billed_ms <= 0:
-            update["billed_ms"] = math.ceil(max(summary.duration_s, wall) * 1000)
-        if not summary.memory_mb:
-            update["memory_mb"] = int(report.get("memory_mb", self.memory_mb))
-        return summary.model_copy(update=update) if update else summary
+        return answer_summary(inv, response, time.monotonic() - call_start, self.memory_mb, failed)
 
     # -- many ---------------------------------------------------------------------------------
 

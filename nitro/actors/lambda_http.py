@@ -12,17 +12,17 @@ what came back (``InvokeResponse``) or raises ``TransportError`` when nothing di
   are botocore's defaults (``AWS_CA_BUNDLE`` or certifi; ``HTTPS_PROXY``/``NO_PROXY``, read once).
   What it leaves out is the rest of botocore's per-call pipeline: parameter validation,
   serialisation through the service model, about twenty event hooks, and parsing the answer
-  through the model. Measured (bench/invoker_cpu.py), that pipeline plus a thread per call cost
-  1 to 2.5 ms of client CPU per invoke under one GIL, which is what kept a 1000-actor fan-out from
-  being flat; the Invoke API's answer is simple enough to read directly (status, three headers,
-  the body).
+  through the model. Measured (bench/invoker_cpu.py), that pipeline plus a thread per call costs
+  1 to 2.5 ms of client CPU per invoke under one GIL, which keeps a 1000-actor fan-out from being
+  flat; the Invoke API's answer is simple enough to read directly (status, three headers, the
+  body).
 * ``Boto3Transport`` (``invoker: boto3``): ``boto3.client("lambda").invoke`` run in a thread pool:
-  the SDK's own path, kept as the fallback should the signed path ever disagree with AWS (it has not
-  run against real AWS here: the local Invoke server verifies SigV4 signatures against the same
-  credentials, and boto3's requests pass that check too) and as the benchmark's reference.
+  the SDK's own path: the fallback should the signed path ever disagree with AWS (the signed path
+  is checked against the local Invoke server, which verifies SigV4 signatures with botocore's code,
+  not against real AWS), and the benchmark's reference.
 
-Both keep the rules of ../shared/NOTES.md: no SDK retries (a slow actor is never re-sent), a read
-timeout above the function's timeout, as many connections as calls in flight.
+Both keep the Lambda rules of docs/decisions.md: no SDK retries (a slow actor is never re-sent), a
+read timeout above the function's timeout, as many connections as calls in flight.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def env_proxy(url: str) -> str | None:
 
 
 def make_lambda_client(cfg: LambdaConfig, max_in_flight: int | None = None, session: Any = None):
-    """A boto3 Lambda client configured as NOTES.md says: pool >= calls in flight, read timeout above
+    """A boto3 Lambda client as docs/decisions.md says: pool >= calls in flight, read timeout above
     the function's timeout, SDK retries off (throttles are retried by the backend)."""
     import boto3
     from botocore.config import Config

@@ -1,11 +1,9 @@
 """The local actor backend: a pool of warm worker processes owned by one training run.
 
-Workers are started once per run, all at the same time, each as a fresh interpreter
-(``python -m nitro.actors.local``: like multiprocessing's ``spawn``, but the caller's ``__main__``
-is never re-imported, so it works from a Prefect flow file, a notebook or stdin). Each talks over
-an inherited socket wrapped in ``multiprocessing.connection.Connection`` and loops: receive an
-event as JSON bytes, run the actor function (``run_actor`` by default), send the summary back as
-JSON bytes. Nothing is pickled, in either direction, not even at start-up.
+Workers are started once per run, all at the same time, each as a fresh interpreter running
+``nitro.actors.local_process`` (like multiprocessing's ``spawn``, but the caller's ``__main__`` is
+never re-imported, so it works from a Prefect flow file, a notebook or stdin). The pool and its
+workers exchange JSON bytes over a socket; nothing is pickled.
 
 ``invoke`` is thread-safe and blocking: a caller (a Prefect task thread) takes a free worker from
 the idle queue, hands it the event and waits at most ``timeout_s``. A worker that dies (segfault,
@@ -14,11 +12,9 @@ the idle queue, hands it the event and waits at most ``timeout_s``. A worker tha
 never hangs: each invocation has a deadline, and the wait for a free worker has one too
 (``queue_timeout_s``), or, without one, lasts only while the pool has live workers.
 """
-
 from __future__ import annotations
 
 import atexit
-import importlib
 import json
 import logging
 import math
@@ -31,95 +27,21 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
 from nitro.actors.events import ActorEvent, ActorSummary
+from nitro.actors.local_process import THREAD_ENV
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ACTOR_FN = "nitro.actors.worker:run_actor"
-_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 class PoolClosedError(RuntimeError):
     pass
-
-
-def _load_fn(path: str) -> Callable[..., Any]:
-    module, sep, name = path.partition(":")
-    if not sep or not module or not name:
-        raise ValueError(f"actor_fn must look like 'package.module:function', got {path!r}")
-    fn = importlib.import_module(module)
-    for part in name.split("."):
-        fn = getattr(fn, part)
-    if not callable(fn):
-        raise TypeError(f"actor_fn {path!r} is not callable")
-    return fn
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Exit when the pool's process is gone (even mid-rollout), so no worker outlives its run."""
-    while True:
-        time.sleep(1.0)
-        if os.getppid() != parent_pid:
-            os._exit(0)
-
-
-def _worker_main(conn: Connection, actor_fn: str, memory_mb: int, parent_pid: int, preload: list[str]) -> None:
-    """Entry point of a worker process. Speaks JSON bytes only."""
-    for var in _THREAD_ENV:
-        os.environ[var] = "1"
-    os.environ.setdefault("MUJOCO_GL", "disable")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which closes the pool
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    try:
-        for module in preload:
-            importlib.import_module(module)
-        fn = _load_fn(actor_fn)
-        from nitro.actors.worker import ActorState
-
-        state = ActorState(memory_mb=memory_mb)
-        if "torch" in sys.modules:  # one intra-op thread per worker: processes give the parallelism
-            torch = sys.modules["torch"]
-            torch.set_num_threads(1)
-            try:
-                torch.set_num_interop_threads(1)
-            except RuntimeError:
-                pass
-    except BaseException as exc:  # report why the worker cannot start, then exit
-        conn.send_bytes(json.dumps({"ready": False, "error": f"{type(exc).__name__}: {exc}"}).encode())
-        conn.close()
-        return
-    conn.send_bytes(json.dumps({"ready": True, "pid": os.getpid()}).encode())
-    while True:
-        try:
-            data = conn.recv_bytes()
-        except (EOFError, OSError):
-            break
-        if not data:  # the pool's stop message
-            break
-        event: Any = None
-        try:
-            event = json.loads(data)
-            out = fn(event, state)
-            if isinstance(out, ActorSummary):
-                reply = out.model_dump(mode="json")
-            else:
-                reply = ActorSummary.model_validate(out).model_dump(mode="json")
-        except BaseException as exc:  # the actor function must not kill the loop
-            inv = event.get("invocation_id", "unknown") if isinstance(event, dict) else "unknown"
-            reply = ActorSummary.failed(str(inv), f"{type(exc).__name__}: {exc}", memory_mb=memory_mb).model_dump(mode="json")
-        try:
-            conn.send_bytes(json.dumps(reply).encode())
-        except (OSError, ValueError):
-            break
-    try:
-        state.close()
-    except Exception:
-        pass
 
 
 class _Worker:
@@ -239,7 +161,7 @@ class LocalActorPool:
         # The worker imports what this process can import (e.g. a test's helper module).
         paths = [p for p in sys.path if p] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(os.path.abspath(p) for p in paths))
-        for var in _THREAD_ENV:
+        for var in THREAD_ENV:
             env[var] = "1"
         env.setdefault("MUJOCO_GL", "disable")
         for _ in range(n):
@@ -251,7 +173,7 @@ class LocalActorPool:
                                "preload": list(self.preload), "fd": child_sock.fileno()})
             try:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "nitro.actors.local", spec],
+                    [sys.executable, "-m", "nitro.actors.local_process", spec],
                     pass_fds=(child_sock.fileno(),), env=env, stdin=subprocess.DEVNULL, close_fds=True,
                 )
             except OSError as exc:
@@ -457,17 +379,3 @@ class LocalActorPool:
 
     def __repr__(self) -> str:
         return f"LocalActorPool(workers={self.workers}, alive={self.alive}, timeout_s={self.timeout_s:g}, actor_fn={self.actor_fn!r})"
-
-
-def _main(argv: list[str]) -> None:
-    """``python -m nitro.actors.local SPEC``: a worker process, talking over the inherited socket."""
-    spec = json.loads(argv[0])
-    conn = Connection(int(spec["fd"]))
-    _worker_main(conn, spec["actor_fn"], int(spec["memory_mb"]), int(spec["parent_pid"]), list(spec["preload"]))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # skip interpreter teardown (torch, mujoco): a pool closes in milliseconds
-
-
-if __name__ == "__main__":
-    _main(sys.argv[1:])

@@ -1,16 +1,8 @@
 """Experiments: a matrix of env × algo × scaler × seed, each cell one training run, and a report.
 
 Plain Python, no Prefect; ``flows/experiment.py`` orchestrates, ``cli/experiment.py`` is the
-command line. One module per job:
-
-* ``spec``: the spec model and ``load_spec`` (the format below);
-* ``cells``: ``Cell``, the matrix expansion in run order, deterministic cell run ids, a cell's
-  config, the sensitivity cells, a ``random`` cell's nitro partner;
-* ``state``: a cell's resume state (``cell_state``, ``mark_done``, ``mean_actors_per_round``,
-  ``saved_config_mismatch``);
-* ``stats``: the same rows as ``nitro compare`` and their mean ± 95% CI over seeds;
-* ``machine``: the machine and package versions;
-* ``report``: ``build_report`` and the files it writes.
+command line. Import the public names from ``nitro.experiments``; the submodules each do one job
+(the spec, its cells, a cell's resume state, the statistics, the report).
 
 The spec (YAML)
 ---------------
@@ -54,6 +46,7 @@ from nitro.experiments.cells import (
     nitro_partner,
     sensitivity_cells,
 )
+from nitro.experiments.load import load_spec
 from nitro.experiments.machine import machine_info
 from nitro.experiments.report import REPORT_METRICS, Report, build_report, iter_report_files
 from nitro.experiments.spec import (
@@ -62,7 +55,6 @@ from nitro.experiments.spec import (
     ExperimentSpec,
     MatrixSpec,
     SensitivitySpec,
-    load_spec,
 )
 from nitro.experiments.state import (
     DONE_MARKER,

@@ -1,5 +1,5 @@
-"""The cells of an experiment: the matrix expansion in run order, deterministic cell run ids,
-each cell's config, the sensitivity sweep's cells, and a ``random`` cell's nitro partner."""
+"""The cells of an experiment: which training runs its spec asks for, in what order, under which
+run ids and with which configs."""
 
 from __future__ import annotations
 

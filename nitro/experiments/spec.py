@@ -1,14 +1,12 @@
-"""The experiment spec: its pydantic model and ``load_spec`` (the YAML format: see ``nitro.experiments``)."""
+"""The experiment spec as a pydantic model (the YAML format: see ``nitro.experiments``)."""
 
 from __future__ import annotations
 
-import os
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from nitro.config import ConfigError, ScalerName, load_spec_model
-from nitro.experiments.cells import cell_config, expand_cells
+from nitro.config import ConfigError, ScalerName
 
 SENSITIVITY_KEYS = ("scaler.decay", "scaler.window", "detector.subset_size")
 
@@ -93,16 +91,3 @@ class ExperimentSpec(_Strict):
     def seeds_for_sensitivity(self) -> list[int]:
         return list(self.sensitivity.seeds or self.matrix.seed) if self.sensitivity else []
 
-
-def load_spec(source: str | os.PathLike | Mapping[str, Any], overrides: Sequence[str] = ()) -> ExperimentSpec:
-    """Validate a spec from a YAML path or a mapping; raise ExperimentError (one line).
-
-    ``overrides`` are extra dotted config overrides appended to the spec's (e.g. ``home=/tmp/x``).
-    Every cell's config is built once here, so a bad base config fails before anything runs."""
-    spec, where = load_spec_model(source, overrides, ExperimentSpec, "experiment spec", ExperimentError)
-    try:
-        for cell in expand_cells(spec, sensitivity=True):
-            cell_config(spec, cell)
-    except ConfigError as exc:
-        raise ExperimentError(f"{where}: {exc}") from None
-    return spec

@@ -1,0 +1,113 @@
+"""The worker process of the local actor pool (``nitro.actors.local``): its start-up and its loop.
+
+``python -m nitro.actors.local_process SPEC`` starts a fresh interpreter that talks to the pool
+over an inherited socket wrapped in ``multiprocessing.connection.Connection``: it loads the actor
+function, says it is ready, then loops: receive an event as JSON bytes, run the actor function,
+send the summary back as JSON bytes. Nothing is pickled, in either direction, not even at start-up.
+The worker exits when the pool's process is gone, so no worker outlives its run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from nitro.actors.events import ActorSummary
+
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def _load_fn(path: str) -> Callable[..., Any]:
+    module, sep, name = path.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"actor_fn must look like 'package.module:function', got {path!r}")
+    fn = importlib.import_module(module)
+    for part in name.split("."):
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise TypeError(f"actor_fn {path!r} is not callable")
+    return fn
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit when the pool's process is gone (even mid-rollout), so no worker outlives its run."""
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent_pid:
+            os._exit(0)
+
+
+def _worker_main(conn: Connection, actor_fn: str, memory_mb: int, parent_pid: int, preload: list[str]) -> None:
+    """Entry point of a worker process. Speaks JSON bytes only."""
+    for var in THREAD_ENV:
+        os.environ[var] = "1"
+    os.environ.setdefault("MUJOCO_GL", "disable")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which closes the pool
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    try:
+        for module in preload:
+            importlib.import_module(module)
+        fn = _load_fn(actor_fn)
+        from nitro.actors.worker import ActorState
+
+        state = ActorState(memory_mb=memory_mb)
+        if "torch" in sys.modules:  # one intra-op thread per worker: processes give the parallelism
+            torch = sys.modules["torch"]
+            torch.set_num_threads(1)
+            try:
+                torch.set_num_interop_threads(1)
+            except RuntimeError:
+                pass
+    except BaseException as exc:  # report why the worker cannot start, then exit
+        conn.send_bytes(json.dumps({"ready": False, "error": f"{type(exc).__name__}: {exc}"}).encode())
+        conn.close()
+        return
+    conn.send_bytes(json.dumps({"ready": True, "pid": os.getpid()}).encode())
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            break
+        if not data:  # the pool's stop message
+            break
+        event: Any = None
+        try:
+            event = json.loads(data)
+            out = fn(event, state)
+            if isinstance(out, ActorSummary):
+                reply = out.model_dump(mode="json")
+            else:
+                reply = ActorSummary.model_validate(out).model_dump(mode="json")
+        except BaseException as exc:  # the actor function must not kill the loop
+            inv = event.get("invocation_id", "unknown") if isinstance(event, dict) else "unknown"
+            reply = ActorSummary.failed(str(inv), f"{type(exc).__name__}: {exc}", memory_mb=memory_mb).model_dump(mode="json")
+        try:
+            conn.send_bytes(json.dumps(reply).encode())
+        except (OSError, ValueError):
+            break
+    try:
+        state.close()
+    except Exception:
+        pass
+
+
+def _main(argv: list[str]) -> None:
+    """``python -m nitro.actors.local_process SPEC``: a worker process, talking over the inherited socket."""
+    spec = json.loads(argv[0])
+    conn = Connection(int(spec["fd"]))
+    _worker_main(conn, spec["actor_fn"], int(spec["memory_mb"]), int(spec["parent_pid"]), list(spec["preload"]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown (torch, mujoco): a pool closes in milliseconds
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -1,0 +1,111 @@
+"""One SGD step's ingredients, the learning-rate schedule, and the gradient noise scale.
+
+The step guards the optimiser: a minibatch whose loss or gradient is not finite is not stepped on,
+because once Adam has taken a NaN gradient its weights and moments are NaN for good. The gradient
+noise scale (McCandlish et al. 2018's B_simple) is what the kungfu scaler reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def normalise_advantages(adv: torch.Tensor) -> torch.Tensor:
+    """Zero mean, unit std (population std, so a 1-sample minibatch gives 0, not NaN)."""
+    return (adv - adv.mean()) / (adv.std(correction=0) + 1e-8)
+
+
+def minibatch_indices(n: int, minibatch_size: int, rng: np.random.Generator, device: str | torch.device = "cpu") -> list[torch.Tensor]:
+    """A fresh permutation split into near-equal minibatches (no runt minibatch of 1 sample,
+    whose advantage normalisation would be meaningless)."""
+    n_mb = max(1, round(n / minibatch_size))
+    perm = torch.as_tensor(rng.permutation(n), device=device)
+    return list(torch.tensor_split(perm, n_mb))
+
+
+def clipped_step(
+    optimizer: torch.optim.Optimizer, total: torch.Tensor, policy_params: Sequence[nn.Parameter],
+    critic_params: Sequence[nn.Parameter], max_grad_norm: float,
+) -> bool:
+    """One optimizer step on ``total``; False (and no step) when the loss or a gradient is not
+    finite. The check comes before the step: once Adam has taken a NaN gradient, the weights
+    and its moments are NaN for good. The policy's and the critic's gradients are clipped
+    separately: the critic's gradient (large while returns are being learnt) must not shrink the
+    policy's step through a shared global norm."""
+    optimizer.zero_grad(set_to_none=True)
+    if not torch.isfinite(total.detach()):
+        return False
+    total.backward()
+    norms = (nn.utils.clip_grad_norm_(policy_params, max_grad_norm),
+             nn.utils.clip_grad_norm_(critic_params, max_grad_norm))
+    if not all(torch.isfinite(n) for n in norms):
+        optimizer.zero_grad(set_to_none=True)
+        return False
+    optimizer.step()
+    return True
+
+
+def accumulate(sums: dict[str, float], total: torch.Tensor, terms: Mapping[str, torch.Tensor]) -> None:
+    """Add one step's loss terms (and its total as ``loss``) to running sums, for the metrics."""
+    for k, v in terms.items():
+        sums[k] = sums.get(k, 0.0) + float(v)
+    sums["loss"] = sums.get("loss", 0.0) + float(total.detach())
+
+
+def noise_scale_from_norms(
+    small_sq_norm: float, big_sq_norm: float, b_small: float, b_big: float
+) -> tuple[float, float, float]:
+    """Gradient noise scale B_simple = tr(Sigma) / |G|^2 from two batch sizes (McCandlish et al.
+    2018, appendix A). ``small_sq_norm``: mean |g|^2 of gradients over ``b_small`` samples;
+    ``big_sq_norm``: |g|^2 of a gradient over ``b_big`` samples. Unbiased estimates:
+
+        |G|^2     = (b_big |g_big|^2 - b_small |g_small|^2) / (b_big - b_small)
+        tr(Sigma) = (|g_small|^2 - |g_big|^2) / (1/b_small - 1/b_big)
+
+    Returns (tr_sigma, g_sq, b_simple); b_simple is NaN when either estimate is <= 0 (too noisy to
+    say). The two parts are returned too so that a consumer can average them over rounds before
+    dividing, as the paper advises.
+    """
+    if b_big <= b_small:
+        return float("nan"), float("nan"), float("nan")
+    g_sq = (b_big * big_sq_norm - b_small * small_sq_norm) / (b_big - b_small)
+    tr_sigma = (small_sq_norm - big_sq_norm) / (1.0 / b_small - 1.0 / b_big)
+    b_simple = tr_sigma / g_sq if (g_sq > 0 and tr_sigma > 0) else float("nan")
+    return float(tr_sigma), float(g_sq), float(b_simple)
+
+
+def gradient_noise_scale(policy_loss: Callable[[torch.Tensor], torch.Tensor], params: Sequence[torch.Tensor],
+                         minibatches: list[torch.Tensor]) -> dict[str, float]:
+    """B_simple from per-minibatch policy gradients, all taken at the current (pre-update)
+    parameters, so that parameter drift during the epochs is not mistaken for noise. One extra
+    forward/backward per minibatch: about 1/epochs of an update's cost."""
+    if len(minibatches) < 2:
+        nan = float("nan")
+        return {"grad_noise_scale": nan, "grad_noise_tr_sigma": nan, "grad_sq_norm": nan}
+    total = [torch.zeros_like(p) for p in params]
+    sq_norms = []
+    for idx in minibatches:
+        grads = torch.autograd.grad(policy_loss(idx), params, allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+        sq_norms.append(sum(float((g.double() ** 2).sum()) for g in grads))
+        for acc, g in zip(total, grads):
+            acc.add_(g)
+    big_sq = sum(float(((acc / len(minibatches)).double() ** 2).sum()) for acc in total)
+    b_small = float(np.mean([len(i) for i in minibatches]))
+    b_big = float(sum(len(i) for i in minibatches))
+    tr_sigma, g_sq, b_simple = noise_scale_from_norms(float(np.mean(sq_norms)), big_sq, b_small, b_big)
+    return {"grad_noise_scale": b_simple, "grad_noise_tr_sigma": tr_sigma, "grad_sq_norm": g_sq}
+
+
+def annealed_lr(lr: float, k: int, rounds: int) -> float:
+    """The learning rate of round k's update, decayed linearly over the run as CleanRL's PPO does.
+
+    Round k (k >= 1) updates on round k-1's data, so a run of ``rounds`` rounds makes
+    ``rounds - 1`` updates: the first (k = 1) at the full ``lr``, the last at ``lr / (rounds - 1)``,
+    never 0 (a round past the planned end, in a resumed run, keeps that floor)."""
+    updates = max(rounds - 1, 1)
+    return lr * max(1.0 - (k - 1) / updates, 1.0 / updates)
