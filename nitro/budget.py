@@ -38,8 +38,12 @@ PRIOR_UPDATE_S_PER_SAMPLE = 0.005  # before the first update is timed (PPO 2x256
 DEADLINE_SHARE = 0.8  # the update's deadline: this share of the allowance; the rest covers its last step
 
 
-def no_startup(invocations: int) -> float:
+def no_startup(invocations: int, actors: int = 0) -> float:
     return 0.0
+
+
+def backend_capacity(invocations: int, actors: int = 0) -> int | None:
+    return None  # the backend's own parallelism (``LearnerBound.parallel``)
 
 
 @dataclass
@@ -49,25 +53,28 @@ class LearnerBound:
     parallel: int  # invocations in flight at once (local workers, Lambda concurrency)
     timeout_s: float  # one invocation's timeout, enforced by the backend
     update_s_per_sample: float | None = None  # the slowest pre-decision part seen, per sample
-    startup_s: Callable[[int], float] = no_startup  # before the invocations run (the Lambda clock's allowances)
+    # before the invocations run (the Lambda clock's allowances, a VM's start-up), by (invocations, actors)
+    startup_s: Callable[[int, int], float] = no_startup
+    capacity: Callable[[int, int], int | None] = backend_capacity  # invocations at once, where the clock says
 
-    def acting_s(self, invocations: int) -> float:
+    def acting_s(self, invocations: int, actors: int = 0) -> float:
         """Worst case of the rest of a round after its decision."""
-        waves = math.ceil(invocations / max(1, self.parallel))
-        return self.startup_s(invocations) + waves * self.timeout_s + TAIL_S
+        parallel = self.capacity(invocations, actors) or self.parallel
+        waves = math.ceil(invocations / max(1, parallel))
+        return self.startup_s(invocations, actors) + waves * self.timeout_s + TAIL_S
 
     def allowance_s(self, samples: int) -> float:
         """The next round's part before its decision (collect, update, detect), enforced."""
         rate = self.update_s_per_sample if self.update_s_per_sample is not None else PRIOR_UPDATE_S_PER_SAMPLE
         return ALLOWANCE_BASE_S + 2.0 * rate * samples
 
-    def reserve_s(self, invocations: int, samples: int) -> float:
+    def reserve_s(self, invocations: int, samples: int, actors: int = 0) -> float:
         """Learner seconds from a decision to the next one."""
-        return self.acting_s(invocations) + self.allowance_s(samples)
+        return self.acting_s(invocations, actors) + self.allowance_s(samples)
 
-    def deadline_after_s(self, invocations: int, samples: int) -> float:
+    def deadline_after_s(self, invocations: int, samples: int, actors: int = 0) -> float:
         """Seconds after a decision by which the next round's update must stop."""
-        return self.acting_s(invocations) + DEADLINE_SHARE * self.allowance_s(samples)
+        return self.acting_s(invocations, actors) + DEADLINE_SHARE * self.allowance_s(samples)
 
     def observe(self, seconds: float, samples: int) -> None:
         """A round's measured part before its decision, and the samples it trained on."""
@@ -76,12 +83,14 @@ class LearnerBound:
             self.update_s_per_sample = max(rate, self.update_s_per_sample or 0.0)
 
 
-def decision_cost(ledger: CostLedger, bound: LearnerBound, elapsed_s: float, invocations: int, samples: int) -> Decimal:
-    """An upper bound of what a decision for ``invocations`` (whose actors bring ``samples``) can
-    cost until the next decision: the learner's time (``elapsed_s`` of this round so far, plus
-    ``bound.reserve_s``) with its provisioned concurrency, and each invocation at its timeout."""
-    seconds = elapsed_s + bound.reserve_s(invocations, samples)
-    return ledger.round_fixed_cost(seconds, seconds) + invocations * ledger.max_actor_cost()
+def decision_cost(ledger: CostLedger, bound: LearnerBound, elapsed_s: float, invocations: int, samples: int,
+                  actors: int = 0) -> Decimal:
+    """An upper bound of what a decision for ``invocations`` (``actors`` of them training actors,
+    which bring ``samples``) can cost until the next decision: the learner's time (``elapsed_s``
+    of this round so far, plus ``bound.reserve_s``) with its provisioned concurrency, and the
+    actors' (``CostLedger.max_actors_cost``: each invocation at its timeout on Lambda)."""
+    seconds = elapsed_s + bound.reserve_s(invocations, samples, actors)
+    return ledger.round_fixed_cost(seconds, seconds) + ledger.max_actors_cost(invocations, actors, seconds)
 
 
 def final_eval_reserve(ledger: CostLedger, bound: LearnerBound, eval_invocations: int) -> Decimal:
@@ -112,10 +121,10 @@ def cap_by_budget(ledger: CostLedger, bound: LearnerBound, *, wanted: int, affor
         return n + eval_invocations if n else 0
 
     def cost(n: int) -> Decimal:
-        return decision_cost(ledger, bound, elapsed_s, invocations(n), n * steps_per_actor)
+        return decision_cost(ledger, bound, elapsed_s, invocations(n), n * steps_per_actor, n)
 
     n = largest_affordable(wanted, affordable, cost, min_actors=1)
     if not n:
         return BudgetCap(0, None, None)
     samples = n * steps_per_actor
-    return BudgetCap(n, bound.deadline_after_s(invocations(n), samples), bound.allowance_s(samples))
+    return BudgetCap(n, bound.deadline_after_s(invocations(n), samples, n), bound.allowance_s(samples))

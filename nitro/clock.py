@@ -63,9 +63,17 @@ class RoundClock:
         self.warm_instances = max(self.warm_instances, n)
         return (projected if self.projected else round_s), projected
 
-    def startup_s(self, invocations: int) -> float:
+    def round_extras(self) -> dict[str, float]:
+        """Further per-round figures of this clock, for the metrics (none on Lambda)."""
+        return {}
+
+    def capacity(self, invocations: int, actors: int = 0) -> int | None:
+        return None  # the backend's own parallelism, or all at once on the projected clock (nitro.engine)
+
+    def startup_s(self, invocations: int, actors: int = 0) -> float:
         """What the budget cap adds to a round's acting time on this clock (worst case: cold)."""
         if not self.projected:
             return 0.0
         c = self.config
         return invocations * c.dispatch_s_per_invocation + c.invoke_s + c.cold_start_s
+

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from nitro.envs import UnknownEnvError, check_env_id
+from nitro.vm_config import VmConfig
 
 
 class ConfigError(ValueError):
@@ -188,7 +189,11 @@ class BackendConfig(_Section):
     workers: int | None = Field(None, ge=1, description="local worker processes (default: CPU count)")
     timeout_s: float = Field(120.0, gt=0, description="one invocation's deadline (also bounds its cost)")
     memory_mb: int = Field(1024, ge=128, le=10240, description="actor memory, billed as Lambda")
+    pricing: Literal["lambda", "vm"] = Field(
+        "lambda", description="how actors are billed, whichever backend runs them: lambda (GB-s and requests) "
+        "or vm (EC2 instances from start to stop, `vm`); docs/decisions.md, \"Actors on VMs\"")
     lambda_: LambdaConfig = Field(default_factory=LambdaConfig, alias="lambda")
+    vm: VmConfig = Field(default_factory=VmConfig)
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 

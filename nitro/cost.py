@@ -28,7 +28,11 @@ Per round:
   ``charge_k = cost(ceil_300(S_k)) − cost(ceil_300(S_{k−1}))`` with S the cumulative seconds
   (``provisioned_rounding_s=0`` turns the rounding off).
 
-Local actors are priced as if they were Lambda at the configured memory and architecture, from
+* **vm**: with ``backend.pricing: vm`` the actors run on EC2 instances instead, and this line
+  replaces ``lambda_compute`` and ``requests``: each instance from its start to its stop, idle
+  time included, per second with a one-minute minimum per start (``nitro.vm``).
+
+Local actors are priced as if they were Lambda (or the configured VMs) at the configured memory and architecture, from
 their measured durations (ceil to ms); ``tags()`` says so, and the engine logs the tags with the
 run. Amounts are kept as ``Decimal`` (prices enter via ``Decimal(str(price))``, so
 ``0.0000166667`` is that number exactly); floats appear only in ``metrics()`` for MLflow.
@@ -42,6 +46,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Sequence
 
 from nitro.config import PriceTable
+from nitro.vm import VmFleet
 
 _MS_PER_S = Decimal(1000)
 _MB_PER_GB = Decimal(1024)
@@ -49,7 +54,7 @@ _S_PER_H = Decimal(3600)
 _MILLION = Decimal(1_000_000)
 CENT = Decimal("0.01")
 
-COMPONENTS = ("learner", "lambda_compute", "requests", "provisioned")
+COMPONENTS = ("learner", "lambda_compute", "requests", "provisioned", "vm")
 
 
 def D(x: float | int | str | Decimal) -> Decimal:
@@ -82,10 +87,11 @@ class RoundCost:
     provisioned_seconds: Decimal = Decimal(0)
     interrupted: bool = False  # invocations of a round whose learner died, billed on resume
     attempt: str = ""  # for an interrupted entry: the id of the dead attempt it bills
+    vm: Decimal = Decimal(0)  # actor instances (backend.pricing: vm)
 
     @property
     def total(self) -> Decimal:
-        return self.learner + self.lambda_compute + self.requests + self.provisioned
+        return self.learner + self.lambda_compute + self.requests + self.provisioned + self.vm
 
     def metrics(self) -> dict[str, float]:
         """Floats for MLflow, one per component plus totals."""
@@ -122,7 +128,7 @@ class RoundCost:
                "provisioned_seconds")
         return cls(
             round_idx=int(d["round_idx"]),
-            **{k: Decimal(d[k]) for k in dec},
+            **{k: Decimal(d[k]) for k in dec}, vm=Decimal(d.get("vm", "0")),
             n_actors=int(d["n_actors"]), n_requests=int(d["n_requests"]), billed_ms=int(d["billed_ms"]),
             interrupted=bool(d.get("interrupted", False)), attempt=str(d.get("attempt", "")),
         )
@@ -138,6 +144,7 @@ class CostLedger:
     max_billed_ms: int | None = None
     provisioned_rounding_s: int = 300
     learner_clock: str = "measured"  # what learner seconds are handed in: "measured" | "lambda" (nitro.clock)
+    vm: VmFleet | None = None  # actors billed as EC2 instances (backend.pricing: vm), not as Lambda
     rounds: list[RoundCost] = field(default_factory=list)
     _provisioned_s: Decimal = Decimal(0)
 
@@ -224,6 +231,14 @@ class CostLedger:
             worst = max(worst, self.invocation_cost(self.max_billed_ms, provisioned=True))
         return worst
 
+    def max_actors_cost(self, invocations: int, actors: int, seconds: float | Decimal) -> Decimal:
+        """An upper bound of what ``invocations`` (``actors`` of them training actors) can add to
+        the invoice while the learner runs ``seconds``: each at its timeout on Lambda; on VMs,
+        the instances they need, up all that time (``VmFleet.bound``)."""
+        if self.vm is not None:
+            return self.vm.bound(actors, invocations, seconds)
+        return invocations * self.max_actor_cost() if invocations else Decimal(0)
+
     def round_fixed_cost(self, learner_seconds: float | Decimal, provisioned_seconds: float | Decimal = 0) -> Decimal:
         """The part of a round's cost that does not scale with its actors: learner time plus the
         provisioned-concurrency increment. With upper bounds of the two durations it is an upper
@@ -259,13 +274,17 @@ class CostLedger:
             self._provisioned_s += D(provisioned_seconds)
         learner = self.learner_cost(learner_seconds)
         requests = Decimal(n_req) * self.rate_request
-        total = learner + compute + requests + prov
+        vm = Decimal(0)
+        if self.vm is not None:  # the instances bill the actors, not Lambda
+            compute = requests = Decimal(0)
+            vm = self.vm.charge(learner_seconds) if interrupted_attempt is None else Decimal(0)
+        total = learner + compute + requests + prov + vm
         rc = RoundCost(
             round_idx=int(round_idx), learner=learner, lambda_compute=compute, requests=requests,
             provisioned=prov, cumulative=self.spent + total, learner_seconds=D(learner_seconds),
             n_actors=len(ms), n_requests=n_req, billed_ms=ms_pc + ms_od, gb_s=gb_s_pc + gb_s_od,
             provisioned_seconds=D(provisioned_seconds),
-            interrupted=interrupted_attempt is not None, attempt=interrupted_attempt or "",
+            interrupted=interrupted_attempt is not None, attempt=interrupted_attempt or "", vm=vm,
         )
         self.rounds.append(rc)
         return rc
@@ -299,6 +318,10 @@ class CostLedger:
     def tags(self) -> dict[str, str]:
         """Run tags describing how actors were priced."""
         priced = f"aws-lambda {self.architecture} {self.memory_mb}MB"
+        if self.vm is not None:
+            c = self.vm.config
+            priced = (f"aws-ec2 {c.instance_type} ({c.vcpus} vCPUs, ${c.per_hour}/h, {c.price_source}), "
+                      f"{c.startup_s:g} s start-up, billed per second, {c.min_billed_s} s minimum")
         tags = {
             "cost.actors_backend": "local" if self.local_actors else "lambda",
             "cost.actor_pricing": priced,
@@ -307,7 +330,8 @@ class CostLedger:
             "cost.learner_clock": self.learner_clock,
         }
         if self.local_actors:
-            tags["cost.note"] = "local actors priced as if they were Lambda, from measured duration and memory"
+            tags["cost.note"] = ("local actors priced as if they ran on the EC2 instances above" if self.vm is not None
+                                 else "local actors priced as if they were Lambda, from measured duration and memory")
         return tags
 
     # -- checkpoints ------------------------------------------------------------------------------
@@ -321,6 +345,7 @@ class CostLedger:
             "local_actors": self.local_actors,
             "provisioned_seconds": str(self._provisioned_s),
             "rounds": [r.to_dict() for r in self.rounds],
+            **({"vm": self.vm.state_dict()} if self.vm is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -331,6 +356,8 @@ class CostLedger:
                 raise ValueError(f"ledger state has {key}={state[key]!r}, this ledger {getattr(self, key)!r}")
         self._provisioned_s = Decimal(state["provisioned_seconds"])
         self.rounds = [RoundCost.from_dict(r) for r in state["rounds"]]
+        if self.vm is not None:
+            self.vm.load_state_dict(state.get("vm", {"sessions": []}))
 
 
 def ledger_from_config(cfg: Any) -> CostLedger:
@@ -346,4 +373,5 @@ def ledger_from_config(cfg: Any) -> CostLedger:
         local_actors=b.kind == "local",
         max_billed_ms=int(math.ceil(timeout_s * 1000)),
         learner_clock=cfg.clock.kind,
+        vm=VmFleet(b.vm) if b.pricing == "vm" else None,
     )

@@ -32,7 +32,6 @@ from nitro.actors.events import ActorEvent, ActorSummary, invocation_mode
 from nitro.budget import DEADLINE_SHARE, LearnerBound, cap_by_budget, final_eval_reserve
 from nitro.cache import TrajectoryCache
 from nitro.checkpoint import load_inflight, save_inflight
-from nitro.clock import RoundClock
 from nitro.config import NitroConfig
 from nitro.cost import ledger_from_config
 from nitro.detector import Detection, detect_on_batch
@@ -43,6 +42,7 @@ from nitro.metrics import EVAL_MODES, round_metrics, timed_round
 from nitro.scalers import RoundSignal, make_scaler
 from nitro.serialization import dumps_tensors
 from nitro.validation import BatchError, decode_batch
+from nitro.vm import make_round_clock
 
 log = logging.getLogger("nitro")
 
@@ -85,6 +85,7 @@ class Decision:
     reason: str
     score: float | None = None
     final_evaluation: bool = False  # a budget run's last round: no training actors, only the evaluation
+    instances_started: int = 0  # actors on VMs: instances this decision starts (the round waits for them)
 
 
 @dataclass(frozen=True)
@@ -120,12 +121,11 @@ class TrainingRun:
         self.failed_updates = 0  # updates in a row that could take no step
         b = config.backend
         parallel = b.lambda_.concurrency if b.kind == "lambda" else (b.workers or os.cpu_count() or 1)
-        # Lambda keeps instances warm; provisioned ones never start cold
-        self.clock = RoundClock(config.clock, warm_instances=self.ledger.provisioned_concurrency)
+        self.clock = make_round_clock(config.clock, self.ledger.vm, self.ledger.provisioned_concurrency)
         if self.clock.projected:  # on the projected clock the invocations all run at once
             parallel = 2**31
         self.bound = LearnerBound(parallel=parallel, timeout_s=self.ledger.max_billed_ms / 1000,
-                                  startup_s=self.clock.startup_s)
+                                  startup_s=self.clock.startup_s, capacity=self.clock.capacity)
         # A budget run's next update stops by this time.perf_counter() value (None: no deadline),
         # and the allowance the last decision reserved for it (restarts the deadline on resume).
         self.update_deadline: float | None = None
@@ -272,8 +272,12 @@ class TrainingRun:
                 # the policy it trained last, not on whichever round happened to evaluate before.
                 final_evaluation = True
                 reason = f"budget spent: a final evaluation (${float(remaining):.4f} left)"
+        started_vms = 0
+        if self.ledger.vm is not None:  # the decision sizes the actors' instances (nitro.vm)
+            evals = self._final_eval_invocations() if final_evaluation else eval_invocations(self.config, k) if n else 0
+            started_vms = self.ledger.vm.scale(k, n, n + evals, time.perf_counter() - started).started
         return Decision(n_actors=n, wanted=wanted, reason=reason, score=self.scaler.last.get("score"),
-                        final_evaluation=final_evaluation)
+                        final_evaluation=final_evaluation, instances_started=started_vms)
 
     def _final_eval_invocations(self) -> int:
         return len(EVAL_MODES) * self.config.eval.episodes if self.config.eval.every_rounds > 0 else 0
@@ -334,7 +338,7 @@ class TrainingRun:
             learner_s=update.seconds, actor_s=actor_s, round_lambda_s=lambda_s, round_billed_s=billed_s,
             cost=cost, interrupted_usd=float(self.ledger.interrupted_cost(k)),  # dead attempts, billed on resume
             learner_name=self.learner.name, diagnostics=update.diagnostics,
-        )
+        ) | self.clock.round_extras()
         self.history.append({"round": float(k), **metrics})
         self.pending = [] if self.config.learns_while_acting else [s.invocation_id for s in ok]
         self.open_episodes = [s.episode_key for s in ok if s.episode_key]

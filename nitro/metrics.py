@@ -3,7 +3,8 @@
 Rounds are numbered from 0 everywhere: MLflow step k, Prefect subflow ``<run id>-round-k``, row
 ``round=k`` of the Prefect table artifact and the CLI's ``round k`` line are the same round. The
 engine produces exactly ``ROUND_METRICS`` (plus the learner's diagnostics, prefixed with its name,
-e.g. ``ppo/kl``); the tracker, ``nitro.compare`` and ``nitro.plots`` read them by these names::
+e.g. ``ppo/kl``, and with actors on VMs the fleet's ``vm/instances``, ``vm/started``, ``vm/stopped``,
+``vm/wait_s``, ``vm/replay_s``, ``vm/replay_updates`` from ``nitro.vm``); the tracker, ``nitro.compare`` and ``nitro.plots`` read them by these names::
 
     eval_return_mean, eval_return_std    evaluation: whole episodes of the round's policy, mean action
                                          (NaN between evaluations; the score a run is judged by)
@@ -20,7 +21,7 @@ e.g. ``ppo/kl``); the tracker, ``nitro.compare`` and ``nitro.plots`` read them b
     hessian_R, lambda_max, lambda_min    detection output
     spend_round_usd, spend_total_usd     spend of the round / cumulative
     spend_learner_usd, spend_lambda_compute_usd, spend_requests_usd, spend_provisioned_usd,
-    spend_interrupted_usd                the round's spend by ledger line
+    spend_vm_usd, spend_interrupted_usd  the round's spend by ledger line (vm: actors on EC2 instances)
     learner_s, detection_s, actor_s      wall seconds of the round's parts
     orchestration_s, round_s             the rest of the round / the whole round, as the loop over
                                          rounds timed it around the round's flow
@@ -51,7 +52,7 @@ ROUND_METRICS: tuple[str, ...] = (
     "boost_score", "hessian_R", "lambda_max", "lambda_min",
     "spend_round_usd", "spend_total_usd",
     "spend_learner_usd", "spend_lambda_compute_usd", "spend_requests_usd", "spend_provisioned_usd",
-    "spend_interrupted_usd",
+    "spend_vm_usd", "spend_interrupted_usd",
     "learner_s", "detection_s", "actor_s", "orchestration_s", "round_s",
     "round_lambda_s", "round_billed_s",
 )
@@ -70,6 +71,7 @@ class RoundCost(Protocol):
     lambda_compute: Decimal
     requests: Decimal
     provisioned: Decimal
+    vm: Decimal
     total: Decimal
     cumulative: Decimal
 
@@ -125,7 +127,7 @@ def round_metrics(
         "round_lambda_s": round_lambda_s,  # had the invocations run at once on Lambda (nitro.clock)
         "round_billed_s": round_billed_s,
     }
-    for name in ("learner", "lambda_compute", "requests", "provisioned"):
+    for name in ("learner", "lambda_compute", "requests", "provisioned", "vm"):
         metrics[f"spend_{name}_usd"] = float(getattr(cost, name))
     metrics["spend_interrupted_usd"] = interrupted_usd
     metrics["spend_round_usd"] = float(cost.total) + interrupted_usd
