@@ -2,6 +2,9 @@
 
     update policy -> detect boosting -> decide actors -> mapped actor invocations -> end round
 
+(with actors on VMs, a decision that starts instances is followed by the learner's replay while
+they boot, for ``vm-replay``; ``nitro.vm_replay``)
+
 Each step's result is passed to the steps that use it, so the flow body is the round's data flow
 and Prefect's graph shows it. The flow is ``async`` on purpose: Prefect's sync flow engine joins
 its heartbeat thread on exit, which sleeps in 1 s steps and so costs about 1.1 s per round; the
@@ -20,7 +23,7 @@ from tasks.actors import collect_summaries, invoke_actor, launch_actors, plan_in
 from tasks.bookkeeping import end_round
 from tasks.detection import detect_boosting
 from tasks.learner import learn_while_acting, update_policy
-from tasks.scaling import decide_actors
+from tasks.scaling import decide_actors, replay_while_instances_start
 
 
 @flow(name="nitro-round", flow_run_name="{run_id}-round-{k}", persist_result=False, validate_parameters=False)
@@ -30,6 +33,8 @@ async def training_round(run_id: str, k: int) -> RoundReport:
     update = update_policy(run_id, k)
     detection = detect_boosting(run_id, k, update)
     decision = decide_actors(run_id, k, detection, update, started)
+    if decision.instances_started:  # actors on VMs: vm-replay trains while they boot (nitro.vm_replay)
+        replay_while_instances_start(run_id, k)
 
     weights_key = publish_weights(run_id, k)
     events = plan_invocations(run_id, k, decision, weights_key)
@@ -49,6 +54,8 @@ async def asynchronous_round(run_id: str, k: int) -> RoundReport:
     started = time.perf_counter()
     detection = detect_boosting(run_id, k, LatestUpdate())
     decision = decide_actors(run_id, k, detection, UpdateReport(), started)  # no update before the decision
+    if decision.instances_started:
+        replay_while_instances_start(run_id, k)
 
     weights_key = publish_weights(run_id, k)
     events = plan_invocations(run_id, k, decision, weights_key)

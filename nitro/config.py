@@ -105,7 +105,9 @@ class ModelConfig(_Section):
         return Architecture(hidden=tuple(self.hidden), activation=self.activation, log_std_init=self.log_std_init)
 
 
-ScalerName = Literal["nitro", "fixed", "always", "hydrozoa", "kungfu", "random"]
+ScalerName = Literal["nitro", "fixed", "always", "hydrozoa", "kungfu", "random", "vm-pause", "vm-replay"]
+READS_R = ("nitro", "vm-pause", "vm-replay")  # the scalers that boost on the Hessian ratio
+BOOSTS_ON_VMS = ("vm-pause", "vm-replay")  # the scalers whose extra actors wait for VMs to start
 
 
 class ScalerConfig(_Section):
@@ -148,7 +150,7 @@ class DetectorConfig(_Section):
 
     def runs_for(self, scaler: str) -> bool:
         """Whether the round computes R: as set, else when the scaler reads it."""
-        return self.enabled if self.enabled is not None else scaler == "nitro"
+        return self.enabled if self.enabled is not None else scaler in READS_R
 
 
 class EvalConfig(_Section):
@@ -326,6 +328,12 @@ class NitroConfig(_Section):
         preset = data.get("preset", "nitro")
         family = _env_family(data.get("env_id", "Hopper-v5"))
         return _beneath(PRESETS.get((preset, family), {}), data)
+
+    @model_validator(mode="after")
+    def _vm_scalers_need_vm_pricing(self) -> "NitroConfig":
+        if self.scaler.name in BOOSTS_ON_VMS and self.backend.pricing != "vm":
+            raise ValueError(f"backend.pricing: scaler {self.scaler.name} boosts on VMs; set backend.pricing=vm")
+        return self
 
     @field_validator("env_id")
     @classmethod

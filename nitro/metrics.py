@@ -4,7 +4,7 @@ Rounds are numbered from 0 everywhere: MLflow step k, Prefect subflow ``<run id>
 ``round=k`` of the Prefect table artifact and the CLI's ``round k`` line are the same round. The
 engine produces exactly ``ROUND_METRICS`` (plus the learner's diagnostics, prefixed with its name,
 e.g. ``ppo/kl``, and with actors on VMs the fleet's ``vm/instances``, ``vm/started``, ``vm/stopped``,
-``vm/wait_s``, ``vm/replay_s``, ``vm/replay_updates`` from ``nitro.vm``); the tracker, ``nitro.compare`` and ``nitro.plots`` read them by these names::
+``vm/startup_s``, ``vm/wait_s`` (idle), ``vm/replay_s``, ``vm/replay_updates`` from ``nitro.vm``); the tracker, ``nitro.compare`` and ``nitro.plots`` read them by these names::
 
     eval_return_mean, eval_return_std    evaluation: whole episodes of the round's policy, mean action
                                          (NaN between evaluations; the score a run is judged by)

@@ -30,6 +30,10 @@ window is left unchanged: a bad value never enters it); a window whose max equal
   ``ceil(B_noise / steps_per_actor)`` clipped to [I_min, I_max]; the count is
   ``max(previous count, target)`` (start: I_min). A missing/NaN/non-positive B_noise keeps the
   previous count. B_noise is ``PPOLearner.update``'s ``grad_noise_scale`` (McCandlish's B_simple).
+* ``vm-pause`` / ``vm-replay`` (paper §2.3, Fig. 3): Nitro's decisions, on actors billed as VMs
+  (``backend.pricing: vm``): a decision that needs more instances than run waits for them to
+  start, the learner idle (pause) or training on replayed batches (replay; ``nitro.vm``,
+  ``nitro.vm_replay``). Only the fleet and the round differ; the decision is Nitro's.
 * ``random``: "the same expected spend as Nitro, on random rounds": each round independently boosts
   to I_max with probability p, else I_min, so E[actors] = I_min + p·(I_max − I_min). With
   ``cfg.random_mean_actors`` set (the mean actors per round of the Nitro run to match, e.g. from
@@ -218,8 +222,23 @@ class RandomScaler(Scaler):
         self.p = float(state["p"])
 
 
+class VmPauseScaler(NitroScaler):
+    """Nitro's decisions with actors on VMs: a boost waits for its instances, the learner idle
+    (``nitro.vm``)."""
+
+    name = "vm-pause"
+
+
+class VmReplayScaler(NitroScaler):
+    """Nitro's decisions with actors on VMs: while a boost's instances start, the learner trains
+    on replayed batches (``nitro.vm_replay``)."""
+
+    name = "vm-replay"
+
+
 SCALERS: dict[str, type[Scaler]] = {
-    cls.name: cls for cls in (NitroScaler, FixedScaler, AlwaysScaler, HydrozoaScaler, KungFuScaler, RandomScaler)
+    cls.name: cls for cls in (NitroScaler, FixedScaler, AlwaysScaler, HydrozoaScaler, KungFuScaler, RandomScaler,
+                              VmPauseScaler, VmReplayScaler)
 }
 
 

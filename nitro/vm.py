@@ -27,7 +27,7 @@ plus ``ceil(invocations / (instances x vcpus))`` waves of the slowest invocation
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
 from typing import Any, Sequence
 
@@ -189,9 +189,11 @@ class VmRoundClock:
         wait = change.idle_wait_s if change is not None else 0.0
         capacity = (change.instances if change is not None else fleet.running) * fleet.vcpus
         projected = vm_round_s(round_s, actor_s, actor_durations_s, capacity, wait)
-        self.last = {"vm/instances": float(change.instances if change is not None else fleet.running),
-                     **({f"vm/{k}": float(v) for k, v in asdict(change).items()
-                         if k in ("started", "stopped", "wait_s", "replay_s", "replay_updates")} if change else {})}
+        self.last = {"vm/instances": float(change.instances if change is not None else fleet.running)}
+        if change is not None:  # wait_s: the learner's idle wait; startup_s: the instances' start-up
+            self.last.update({"vm/started": float(change.started), "vm/stopped": float(change.stopped),
+                              "vm/startup_s": change.wait_s, "vm/wait_s": wait, "vm/replay_s": change.replay_s,
+                              "vm/replay_updates": float(change.replay_updates)})
         return (projected if self.projected else round_s + wait), projected
 
     def round_extras(self) -> dict[str, float]:

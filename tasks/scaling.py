@@ -1,4 +1,5 @@
-"""The scaling decision: how many actors a round gets (the scaler, capped by the remaining budget)."""
+"""The scaling decision: how many actors a round gets (the scaler, capped by the remaining budget),
+and, with actors on VMs, what the learner does while the instances it starts boot."""
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -6,9 +7,17 @@ from prefect.cache_policies import NO_CACHE
 from nitro.detector import Detection
 from nitro.engine import Decision, UpdateReport
 from nitro.runtime import get_run
+from nitro.vm_replay import ReplayReport
+from nitro.vm_replay import replay_while_instances_start as replay_while
 
 
 @task(name="decide-actors", cache_policy=NO_CACHE)
 def decide_actors(run_id: str, k: int, detection: Detection | None, update: UpdateReport, started: float) -> Decision:
     """``started``: the ``time.perf_counter()`` at which the round began, in this process."""
     return get_run(run_id).training.decide_actors(k, detection, update, started)
+
+
+@task(name="replay-while-instances-start", cache_policy=NO_CACHE)
+def replay_while_instances_start(run_id: str, k: int) -> ReplayReport:
+    """vm-replay: the learner trains on replayed batches while the decision's instances start."""
+    return replay_while(get_run(run_id).training, k)

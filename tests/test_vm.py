@@ -130,3 +130,16 @@ def test_a_vm_budget_run_reserves_the_start_up_and_the_instances_minimum(redis_u
     training = _training(redis_url, "vm-budget", scaler={"name": "fixed", "fixed_actors": 6}, budget_usd=0.042)
     decision = training.decide_actors(0, None, UpdateReport(), started=time.perf_counter())
     assert (decision.n_actors, decision.instances_started) == (4, 2)
+
+
+def test_nitro_without_serverless_keeps_one_vm_for_i_max_on_throughout():
+    """examples/nitro_without_serverless.yaml: one c5.18xlarge (72 vCPUs) holds any round of
+    8-64 actors, starts once and is billed every second of every round, idle or not."""
+    cfg = NitroConfig.from_yaml("examples/nitro_without_serverless.yaml")
+    fleet = VmFleet(cfg.backend.vm)
+    starts = []
+    for k, actors in enumerate((8, 64, 8, 0, 33)):
+        starts.append(fleet.scale(k, actors, actors, decided_after_s=1.0).started)
+        fleet.charge(30.25)
+    assert starts == [1, 0, 0, 0, 0] and fleet.running == 1
+    assert same_amount(fleet.instance_cost(fleet.sessions[0].up_s), Decimal("3.06") * 151 / 3600)  # 5 x 30.25 - 1 s
