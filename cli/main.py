@@ -234,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=cmd_profile_actor)
 
+    from cli.minionsrl import add_parser as add_minionsrl
+
+    add_minionsrl(sub)
+
     sub.add_parser("deploy-lambda", help="create or update the Lambda actor (see docs/deploy-aws.md)", add_help=False)
     return parser
 

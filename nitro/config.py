@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from nitro.envs import UnknownEnvError, check_env_id
+from nitro.minionsrl.config import MinionsRLConfig
 from nitro.vm_config import VmConfig
 
 
@@ -105,7 +106,7 @@ class ModelConfig(_Section):
         return Architecture(hidden=tuple(self.hidden), activation=self.activation, log_std_init=self.log_std_init)
 
 
-ScalerName = Literal["nitro", "fixed", "always", "hydrozoa", "kungfu", "random", "vm-pause", "vm-replay"]
+ScalerName = Literal["nitro", "fixed", "always", "hydrozoa", "kungfu", "random", "vm-pause", "vm-replay", "minionsrl"]
 READS_R = ("nitro", "vm-pause", "vm-replay")  # the scalers that boost on the Hessian ratio
 BOOSTS_ON_VMS = ("vm-pause", "vm-replay")  # the scalers whose extra actors wait for VMs to start
 
@@ -128,6 +129,7 @@ class ScalerConfig(_Section):
     actors_at: dict[int, int] = Field(
         default_factory=dict, description="actors for these rounds whatever the scaler wants, e.g. {12: 64} "
         "(the boostability probe's boosted branches); still capped by the budget")
+    minionsrl: MinionsRLConfig = Field(default_factory=MinionsRLConfig)
 
     @model_validator(mode="after")
     def _bounds(self) -> "ScalerConfig":
@@ -136,6 +138,8 @@ class ScalerConfig(_Section):
         bad = [f"{k}: {n}" for k, n in self.actors_at.items() if k < 0 or n < 1]
         if bad:
             raise ValueError(f"actors_at wants round >= 0: actors >= 1, got {', '.join(bad)}")
+        if self.name == "minionsrl" and not self.minionsrl.path:
+            raise ValueError("minionsrl.path: scaler minionsrl needs a scheduler file (nitro minionsrl pretrain)")
         return self
 
 

@@ -39,7 +39,7 @@ from nitro.envs import env_spec
 from nitro.invocations import eval_invocations, plan_invocations
 from nitro.learners import Learner, OffPolicyLearner, Progress, UpdateResult, make_learner
 from nitro.metrics import EVAL_MODES, round_metrics, timed_round
-from nitro.scalers import RoundSignal, make_scaler
+from nitro.scalers import make_scaler, round_signal
 from nitro.serialization import dumps_tensors
 from nitro.validation import BatchError, decode_batch
 from nitro.vm import make_round_clock
@@ -246,7 +246,8 @@ class TrainingRun:
         """How many actors this round gets: the scaler's wish, capped by the remaining budget.
         ``update``: what this round trained on before deciding (empty off-policy); ``started``:
         the ``time.perf_counter()`` at which the round began (the budget bills from there)."""
-        signal = RoundSignal(R=detection.R if detection is not None else None, grad_noise_scale=update.grad_noise_scale)
+        signal = round_signal(detection.R if detection is not None else None, update.diagnostics, update.grad_noise_scale,
+                              update.seconds, self.history, self.ledger.spent_usd, self.ledger.remaining_usd(self.config.budget_usd))
         wanted = int(self.scaler.decide(k, signal))  # always asked: a scaler with a window keeps it
         reason = self.config.scaler.name
         if k in self.config.scaler.actors_at:

@@ -50,12 +50,16 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from decimal import Decimal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from nitro.config import ScalerConfig
+from nitro.minionsrl.policy import choose
+from nitro.minionsrl.pretrain import load_scheduler
+from nitro.minionsrl.state import SchedulerObservation, action_mask, actors_for_action, state_vector
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,28 @@ class RoundSignal:
 
     R: float | None = None  # Detection.R (None when detection was degenerate or not run)
     grad_noise_scale: float | None = None  # B_simple from the PPO update, for kungfu
+    # what MinionsRL's state reads (nitro.minionsrl.state; None: unknown)
+    loss: float | None = None  # this round's update, its mean total loss
+    kl: float | None = None
+    mean_return: float | None = None  # the latest training episodes' mean return
+    learner_s: float | None = None  # this round's update
+    actor_s: float | None = None  # the last round's acting, on the billing clock
+    spent_usd: float = 0.0
+    budget_left_usd: float | None = None  # None: no budget
+
+
+def round_signal(R: float | None, diagnostics: Mapping[str, float], grad_noise_scale: float | None, learner_s: float,
+                 history: Sequence[Mapping[str, float]], spent_usd: float, budget_left_usd: float | None) -> RoundSignal:
+    """Round k's signal from its detection, its update and the rounds before it (``history``:
+    the engine's per-round metrics). The last round's acting is its billed seconds less its
+    learner and detection seconds: on the projected clock, the acting a serverless fleet has."""
+    last = history[-1] if history else {}
+    returns = [r["train_return_mean"] for r in history if _valid(r.get("train_return_mean"))]
+    acting = last.get("round_billed_s", 0.0) - last.get("learner_s", 0.0) - last.get("detection_s", 0.0)
+    return RoundSignal(R=R, grad_noise_scale=grad_noise_scale, loss=diagnostics.get("loss"), kl=diagnostics.get("kl"),
+                       mean_return=returns[-1] if returns else None, learner_s=learner_s,
+                       actor_s=max(0.0, acting) if history else None, spent_usd=spent_usd,
+                       budget_left_usd=budget_left_usd)
 
 
 def _valid(x: float | None) -> bool:
@@ -95,6 +121,10 @@ class Scaler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("name") != self.name:
             raise ValueError(f"scaler state is for {state.get('name')!r}, this scaler is {self.name!r}")
+
+    def tags(self) -> dict[str, str]:
+        """What the run's tags should say about this scaler (MinionsRL: its pre-training)."""
+        return {}
 
     def _record(self, round_idx: int, actors: int, **info: Any) -> int:
         self.last = {"round": round_idx, "actors": actors, **info}
@@ -236,9 +266,38 @@ class VmReplayScaler(NitroScaler):
     name = "vm-replay"
 
 
+class MinionsRLScaler(Scaler):
+    """MinionsRL's pre-trained scheduler (``nitro.minionsrl``): the 8-feature state, N = a + 1
+    from its policy (sampled as the code does, or greedy), within [I_min, I_max]."""
+
+    name = "minionsrl"
+
+    def __init__(self, cfg: ScalerConfig, seed: int = 0):
+        super().__init__(cfg, seed)
+        self.scheduler = load_scheduler(cfg.minionsrl.path or "")
+
+    def decide(self, round_idx: int, signal: RoundSignal) -> int:
+        cfg, sch = self.cfg, self.scheduler
+        budget_left = signal.budget_left_usd if signal.budget_left_usd is not None else sch.budget_usd - signal.spent_usd
+        learner_s, actor_s = signal.learner_s or 0.0, signal.actor_s or 0.0
+        obs = SchedulerObservation(float(round_idx), signal.loss or 0.0, signal.mean_return or 0.0, signal.kl or 0.0,
+                                   learner_s, actor_s, learner_s + actor_s, float(budget_left))
+        mask = action_mask(sch.net.n_actions, cfg.i_min, cfg.i_max, cfg.minionsrl.mask_out_of_range)
+        draw = torch.Generator().manual_seed(int(np.random.default_rng([self.seed, max(0, round_idx)]).integers(2**62)))
+        choice = choose(sch.net, sch.state(state_vector(obs)), mask, greedy=cfg.minionsrl.greedy, generator=draw)
+        actors = actors_for_action(choice.action, cfg.i_min, cfg.i_max)
+        return self._record(round_idx, actors, action=choice.action, greedy=cfg.minionsrl.greedy)
+
+    def tags(self) -> dict[str, str]:
+        """The pre-training record, for the run's tags and every report row that uses it."""
+        r = self.scheduler.record
+        return {"minionsrl.pretrain_usd": f"{r.usd:.10g}", "minionsrl.pretrain_episodes": str(r.episodes),
+                "minionsrl.pretrain_env_steps": str(r.env_steps), "minionsrl.pretrain_on": r.simulator}
+
+
 SCALERS: dict[str, type[Scaler]] = {
     cls.name: cls for cls in (NitroScaler, FixedScaler, AlwaysScaler, HydrozoaScaler, KungFuScaler, RandomScaler,
-                              VmPauseScaler, VmReplayScaler)
+                              VmPauseScaler, VmReplayScaler, MinionsRLScaler)
 }
 
 

@@ -30,7 +30,8 @@ def attach_mlflow(run_id: str) -> str:
     tracker = RunTracker(cfg.tracking.mlflow_uri or default_tracking_uri(cfg), cfg.tracking.experiment)
     flow_run_id = runtime.flow_run.id
     mlflow_run = tracker.start_or_attach(str(flow_run_id) if flow_run_id else None, run_id, cfg,
-                                         tags=ctx.training.ledger.tags(), flow_run_name=runtime.flow_run.name,
+                                         tags={**ctx.training.ledger.tags(), **ctx.training.scaler.tags()},
+                                         flow_run_name=runtime.flow_run.name,
                                          flow_run_url=flow_run_url())
     # A resumed run re-logs the rounds it has checkpointed; rounds already in MLflow are skipped.
     for row in ctx.training.history:

@@ -25,6 +25,23 @@ from nitro.scalers import (
 )
 
 NAN = float("nan")
+_SCHEDULER_FILE: list[str] = []
+
+
+def scaler_config(name: str, **fields) -> ScalerConfig:
+    """``ScalerConfig(name=name, **fields)``; minionsrl gets a (barely) pre-trained scheduler file."""
+    if name == "minionsrl":
+        if not _SCHEDULER_FILE:
+            import tempfile
+            from pathlib import Path
+
+            from nitro.minionsrl.config import PretrainConfig
+            from nitro.minionsrl.pretrain import pretrain, save_scheduler
+
+            scheduler, _ = pretrain(PretrainConfig(episodes=1, simulator={"rounds": 2}))
+            _SCHEDULER_FILE.append(str(save_scheduler(Path(tempfile.mkdtemp()) / "minionsrl.safetensors", scheduler)))
+        fields["minionsrl"] = {"path": _SCHEDULER_FILE[0]}
+    return ScalerConfig(name=name, **fields)
 
 
 def run(scaler, Rs=None, gns=None):
@@ -120,7 +137,7 @@ def test_random_matches_expected_spend():
 
 @pytest.mark.parametrize("name", sorted(SCALERS))
 def test_state_dict_round_trip(name):
-    cfg = ScalerConfig(name=name, window=3)
+    cfg = scaler_config(name, window=3)
     Rs = [None, 1.0, 0.5, 2.0, 0.7, 0.3, 1.1, 0.2, 0.9, 0.4]
     gns = [None, 900.0, 5000.0, 3000.0, 8000.0, NAN, 12_000.0, 1000.0, 40_000.0, 10.0]
     a = make_scaler(cfg, seed=5)
@@ -199,7 +216,7 @@ def test_budget_is_never_exceeded(data, name, learner_per_hour, gb_s, per_millio
     ledger = CostLedger(prices, memory_mb=memory_mb, architecture=arch, provisioned_concurrency=provisioned,
                         local_actors=True, max_billed_ms=timeout_ms)
     bound = LearnerBound(parallel=parallel, timeout_s=timeout_ms / 1000)
-    cfg = ScalerConfig(name=name, i_min=i_min, i_max=i_min + i_span, window=3, fixed_actors=i_min + i_span // 2)
+    cfg = scaler_config(name, i_min=i_min, i_max=i_min + i_span, window=3, fixed_actors=i_min + i_span // 2)
     scaler = make_scaler(cfg, seed)
     min_actors = cfg.i_min if stop_below_i_min else 1
     # Round 0 has no update: its part before the decision is the scaler's call. A budget too small

@@ -1,0 +1,38 @@
+"""``nitro minionsrl pretrain``: pre-train MinionsRL's scheduler on the simulator and save it
+(``nitro.minionsrl.pretrain``); the file is what ``scaler.minionsrl.path`` deploys."""
+
+from __future__ import annotations
+
+import argparse
+
+from pydantic import ValidationError
+
+from nitro.config import ConfigError, _apply_override, validation_message
+from nitro.minionsrl.config import PretrainConfig
+from nitro.minionsrl.pretrain import pretrain, save_scheduler
+
+
+def cmd_minionsrl_pretrain(args: argparse.Namespace) -> int:
+    data: dict = {}
+    for item in args.overrides:
+        _apply_override(data, item)
+    try:
+        cfg = PretrainConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc, "pretrain config")) from None
+    scheduler, _ = pretrain(cfg, log_every=max(1, cfg.episodes // 10))
+    path = save_scheduler(args.out, scheduler)
+    r = scheduler.record
+    print(f"saved {path}: {r.episodes} episodes, {r.env_steps} simulated env steps, "
+          f"${r.usd:.4f} on the projected clock (the simulated runs' cost)")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("minionsrl", help="MinionsRL's learned scheduler (a baseline): pre-train it")
+    msub = p.add_subparsers(dest="minionsrl_command", required=True)
+    q = msub.add_parser("pretrain", help="train the scheduler on the training simulator and save it (safetensors)")
+    q.add_argument("--out", default=".nitro/minionsrl.safetensors", help="where to save the scheduler")
+    q.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="PretrainConfig fields, e.g. episodes=100 normalize_state=true simulator.rounds=50")
+    q.set_defaults(func=cmd_minionsrl_pretrain)
