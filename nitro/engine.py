@@ -41,8 +41,9 @@ from nitro.invocations import eval_invocations, plan_invocations
 from nitro.learners import Learner, OffPolicyLearner, Progress, UpdateResult, make_learner
 from nitro.metrics import EVAL_MODES, round_metrics, timed_round
 from nitro.scalers import RoundSignal, make_scaler
-from nitro.serialization import dumps_tensors
-from nitro.validation import BatchError, decode_batch
+from nitro.behaviour import BehaviourPolicies
+from nitro.serialization import dumps_tensors, loads_tensors
+from nitro.validation import BatchError, batch_version, bounds_for, decode_batch_meta
 
 log = logging.getLogger("nitro")
 
@@ -110,6 +111,9 @@ class TrainingRun:
         self.spec = env_spec(config.env_id)
         torch.set_num_threads(config.learner_threads)
         self.learner: Learner = make_learner(config)
+        self.bounds = bounds_for(self.spec, config.door)
+        self.behaviour = BehaviourPolicies(self.spec, config.model.architecture(), atol=config.door.logp_atol,
+                                           rtol=config.door.logp_rtol)
         self.scaler = make_scaler(config.scaler, seed=config.seed, steps_per_actor=config.steps_per_actor)
         self.ledger = ledger_from_config(config)
         self.next_round = 0
@@ -212,12 +216,14 @@ class TrainingRun:
         return max(0.0, min(wanted_s, self.update_deadline - time.perf_counter()))
 
     def _decode(self, k: int, payloads: dict[str, bytes], report: UpdateReport) -> list[dict]:
-        """The payloads that pass ``nitro.validation`` against this run's env; each one that does
-        not is dropped and recorded in ``report`` (``corrupt``, with its reason)."""
+        """The payloads that pass ``nitro.validation`` (env, bounds) and ``nitro.behaviour`` (their
+        log-probabilities); each other one is dropped and recorded in ``report`` (``corrupt``, why)."""
         batches = []
         for inv_id, payload in sorted(payloads.items()):
             try:
-                batches.append(decode_batch(payload, self.spec, self.config.steps_per_actor, inv_id))
+                arrays, meta = decode_batch_meta(payload, self.spec, self.config.steps_per_actor, inv_id, self.bounds)
+                self.behaviour.check(arrays, batch_version(meta))
+                batches.append(arrays)
             except BatchError as exc:
                 log.warning("round %d: dropped corrupt batch %s: %s", k, inv_id, exc)
                 report.corrupt.append(inv_id)
@@ -280,15 +286,21 @@ class TrainingRun:
 
     # -- the actors ----------------------------------------------------------------------
 
-    def policy_payload(self, version: int) -> bytes:
-        """The policy as actors load it: its state dict (normaliser included) and, in the
-        metadata, the env, the round and the MLP's architecture (so an actor builds the same net)."""
+    def policy_payload(self, version: int, weights: Mapping[str, torch.Tensor] | None = None) -> bytes:
+        """The policy as actors load it (``weights``, default the learner's): its state dict
+        (normaliser included) and, in the metadata, the env, the round and the MLP's architecture."""
         meta = {"format": "nitro.policy/1", "env_id": self.config.env_id, "version": version,
                 "arch": self.config.model.architecture().to_meta()}
-        return dumps_tensors(self.learner.weights(), meta)
+        return dumps_tensors(dict(weights if weights is not None else self.learner.weights()), meta)
 
     def publish_weights(self, k: int) -> str:
-        return self.cache.publish_weights(k, self.policy_payload(k))
+        """Publish the policy as version ``k``; keep what actors act with (an earlier attempt's, if stored)."""
+        weights = self.learner.weights()
+        key, stored = self.cache.publish_weights_once(k, self.policy_payload(k, weights))
+        if not stored:
+            weights = {name: torch.as_tensor(v) for name, v in loads_tensors(self.cache.fetch_weights(key))[0].items()}
+        self.behaviour.remember(k, weights)
+        return key
 
     def plan_invocations(self, k: int, decision: Decision, weights_key: str) -> list[ActorEvent]:
         """The round's invocations (``nitro.invocations``), recorded before any is invoked: a
@@ -407,6 +419,8 @@ class TrainingRun:
         self.update_deadline = (time.perf_counter() + self.reserved_next_s * DEADLINE_SHARE
                                 if self.reserved_next_s is not None else None)
         self.learner.load_state_dict(state["learner"]["tensors"], state["learner"]["meta"])
+        if self.next_round > 0:  # the pending batches were acted with the checkpointed policy
+            self.behaviour.remember(self.next_round - 1, self.learner.weights())
         self.scaler.load_state_dict(state["scaler"])
         self.ledger.load_state_dict(state["ledger"])
 
