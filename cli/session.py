@@ -141,6 +141,7 @@ def _start_owned_server() -> Any:
 def run_command(config: NitroConfig, run_id: str, fn: Callable[[], dict]) -> dict:
     """Run ``fn`` (the flow) with the run's log file and Prefect API; a failure becomes one
     ``CommandFailed`` line and its traceback goes to the log file."""
+    from nitro.lease import LeaseLost, RunHeld
     from nitro.runtime import configured_redis_url
     from nitro.tracking import default_tracking_uri
 
@@ -151,6 +152,8 @@ def run_command(config: NitroConfig, run_id: str, fn: Callable[[], dict]) -> dic
                 return fn()
         except KeyboardInterrupt:
             raise
+        except (RunHeld, LeaseLost) as exc:  # its line already says who holds the run and what to do
+            raise CommandFailed(" ".join(str(exc).split())) from None
         except Exception as exc:
             logging.getLogger().error("run %s failed", run_id, exc_info=exc)  # to the log file, not the terminal
             urls = {"Redis": configured_redis_url(config),

@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 INFLIGHT_FILE = "inflight.json"
+FENCE_FILE = "lease_token"  # the highest lease token that has written the run's checkpoints
 _TENSOR = "__tensor__"
 _INTKEYS = "__intkeys__"
 _NDARRAY = "__ndarray__"
@@ -86,6 +87,28 @@ def save_checkpoint(home: str | Path, run_id: str, round_idx: int, state: dict[s
         shutil.rmtree(final)
     os.replace(tmp, final)
     return final
+
+
+def fence_token(home: str | Path, run_id: str) -> int:
+    """The highest lease token that has written this run's checkpoints (0: none yet)."""
+    try:
+        return int((run_dir(home, run_id) / FENCE_FILE).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def save_fenced_checkpoint(home: str | Path, run_id: str, round_idx: int, state: dict[str, Any], token: int) -> Path:
+    """``save_checkpoint`` by the holder of lease ``token`` (nitro/lease.py), which it records in
+    the state; refused (CheckpointError) when a writer with a higher token has written the run."""
+    newest = fence_token(home, run_id)
+    if newest > token:
+        raise CheckpointError(f"run {run_id}: checkpoint of round {round_idx} refused: lease token {token} is "
+                              f"older than token {newest}, which has written this run since")
+    path = run_dir(home, run_id) / FENCE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if newest < token:
+        path.write_text(str(int(token)))
+    return save_checkpoint(home, run_id, round_idx, {**state, "lease_token": int(token)})
 
 
 def latest_round(home: str | Path, run_id: str) -> int | None:

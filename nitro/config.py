@@ -209,6 +209,19 @@ class RedisConfig(_Section):
     password_env: str = Field("NITRO_REDIS_PASSWORD", description="env var that holds the password, if any")
     ttl_s: int = Field(86_400, ge=60, description="every key expires after this")
     connect_timeout_s: float = Field(3.0, gt=0)
+    lease_ttl_s: float = Field(60.0, ge=1, description="the run's writer lease (nitro/lease.py) expires this long "
+                               "after its holder last renewed it (every third of it): how long a resume waits "
+                               "after a holder on another machine died")
+
+
+class DoorConfig(_Section):
+    """The stated bounds of a plausible batch at the learner's door (nitro/validation.py says why each)."""
+
+    max_abs_obs: float = Field(1e6, gt=0, description="largest |observation| where the env's space is unbounded")
+    max_abs_action: float = Field(1e3, gt=0, description="largest |continuous action| an actor may have sampled")
+    max_abs_reward: float = Field(1e6, gt=0, description="largest |reward| of one step")
+    logp_atol: float = Field(1e-3, gt=0, description="allowed |behaviour log-prob - recomputed| (plus logp_rtol)")
+    logp_rtol: float = Field(1e-3, ge=0, description="allowed relative disagreement of the behaviour log-prob")
 
 
 class PriceTable(_Section):
@@ -320,6 +333,7 @@ class NitroConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     backend: BackendConfig = Field(default_factory=BackendConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
+    door: DoorConfig = Field(default_factory=DoorConfig)
     prices: PriceTable = Field(default_factory=PriceTable)
     clock: ClockConfig = Field(default_factory=ClockConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)

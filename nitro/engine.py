@@ -31,17 +31,19 @@ import torch
 from nitro.actors.events import ActorEvent, ActorSummary, invocation_mode
 from nitro.budget import DEADLINE_SHARE, LearnerBound, cap_by_budget, final_eval_reserve
 from nitro.cache import TrajectoryCache
-from nitro.checkpoint import load_inflight, save_inflight
+from nitro.checkpoint import save_inflight
 from nitro.config import NitroConfig
 from nitro.cost import ledger_from_config
 from nitro.detector import Detection, detect_on_batch
 from nitro.envs import env_spec
+from nitro.interrupted import bill_interrupted_round
 from nitro.invocations import eval_invocations, plan_invocations
 from nitro.learners import Learner, OffPolicyLearner, Progress, UpdateResult, make_learner
 from nitro.metrics import EVAL_MODES, round_metrics, timed_round
+from nitro.behaviour import BehaviourPolicies
 from nitro.scalers import make_scaler, round_signal
-from nitro.serialization import dumps_tensors
-from nitro.validation import BatchError, decode_batch
+from nitro.serialization import dumps_tensors, loads_tensors
+from nitro.validation import BatchError, batch_version, bounds_for, decode_batch_meta
 from nitro.vm import make_round_clock
 
 log = logging.getLogger("nitro")
@@ -111,6 +113,9 @@ class TrainingRun:
         self.spec = env_spec(config.env_id)
         torch.set_num_threads(config.learner_threads)
         self.learner: Learner = make_learner(config)
+        self.bounds = bounds_for(self.spec, config.door)
+        self.behaviour = BehaviourPolicies(self.spec, config.model.architecture(), atol=config.door.logp_atol,
+                                           rtol=config.door.logp_rtol)
         self.scaler = make_scaler(config.scaler, seed=config.seed, steps_per_actor=config.steps_per_actor)
         self.ledger = ledger_from_config(config)
         self.next_round = 0
@@ -212,12 +217,14 @@ class TrainingRun:
         return max(0.0, min(wanted_s, self.update_deadline - time.perf_counter()))
 
     def _decode(self, k: int, payloads: dict[str, bytes], report: UpdateReport) -> list[dict]:
-        """The payloads that pass ``nitro.validation`` against this run's env; each one that does
-        not is dropped and recorded in ``report`` (``corrupt``, with its reason)."""
+        """The payloads that pass ``nitro.validation`` (env, bounds) and ``nitro.behaviour`` (their
+        log-probabilities); each other one is dropped and recorded in ``report`` (``corrupt``, why)."""
         batches = []
         for inv_id, payload in sorted(payloads.items()):
             try:
-                batches.append(decode_batch(payload, self.spec, self.config.steps_per_actor, inv_id))
+                arrays, meta = decode_batch_meta(payload, self.spec, self.config.steps_per_actor, inv_id, self.bounds)
+                self.behaviour.check(arrays, batch_version(meta))
+                batches.append(arrays)
             except BatchError as exc:
                 log.warning("round %d: dropped corrupt batch %s: %s", k, inv_id, exc)
                 report.corrupt.append(inv_id)
@@ -285,15 +292,21 @@ class TrainingRun:
 
     # -- the actors ----------------------------------------------------------------------
 
-    def policy_payload(self, version: int) -> bytes:
-        """The policy as actors load it: its state dict (normaliser included) and, in the
-        metadata, the env, the round and the MLP's architecture (so an actor builds the same net)."""
+    def policy_payload(self, version: int, weights: Mapping[str, torch.Tensor] | None = None) -> bytes:
+        """The policy as actors load it (``weights``, default the learner's): its state dict
+        (normaliser included) and, in the metadata, the env, the round and the MLP's architecture."""
         meta = {"format": "nitro.policy/1", "env_id": self.config.env_id, "version": version,
                 "arch": self.config.model.architecture().to_meta()}
-        return dumps_tensors(self.learner.weights(), meta)
+        return dumps_tensors(dict(weights if weights is not None else self.learner.weights()), meta)
 
     def publish_weights(self, k: int) -> str:
-        return self.cache.publish_weights(k, self.policy_payload(k))
+        """Publish the policy as version ``k``; keep what actors act with (an earlier attempt's, if stored)."""
+        weights = self.learner.weights()
+        key, stored = self.cache.publish_weights_once(k, self.policy_payload(k, weights))
+        if not stored:
+            weights = {name: torch.as_tensor(v) for name, v in loads_tensors(self.cache.fetch_weights(key))[0].items()}
+        self.behaviour.remember(k, weights)
+        return key
 
     def plan_invocations(self, k: int, decision: Decision, weights_key: str) -> list[ActorEvent]:
         """The round's invocations (``nitro.invocations``), recorded before any is invoked: a
@@ -365,20 +378,9 @@ class TrainingRun:
         return evaluated[-1] if evaluated else None
 
     def bill_interrupted_round(self) -> int:
-        """Charge the invocations of a round whose learner died before its checkpoint (Lambda
-        bills them all the same): each from the summary its actor left in the cache, or at the
-        timeout-bounded worst case where none is there. Marked as interrupted in the ledger;
-        the same dead attempt is never billed twice. Returns how many invocations were billed."""
-        record = load_inflight(self.config.home, self.run_id)
-        if record is None or int(record["round"]) < self.next_round or record["attempt"] in self.ledger.billed_attempts():
-            return 0
-        k, ids = int(record["round"]), list(record["invocations"])
-        found = self.cache.get_summaries(k, ids)
-        billed = [_billed_ms(found.get(i), self.ledger.max_billed_ms) for i in ids]
-        cost = self.ledger.charge_round(k, 0, billed, n_requests=len(ids), interrupted_attempt=str(record["attempt"]))
-        log.warning("round %d died with %d invocations in flight: billed $%.6f (%d from their summaries, %d at "
-                    "their timeout)", k + 1, len(ids), float(cost.total), len(found), len(ids) - len(found))
-        return len(ids)
+        """Charge the invocations of a round whose learner died before its checkpoint
+        (``nitro.interrupted``); returns how many invocations were billed."""
+        return bill_interrupted_round(self.config.home, self.run_id, self.next_round, self.cache, self.ledger)
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -412,6 +414,8 @@ class TrainingRun:
         self.update_deadline = (time.perf_counter() + self.reserved_next_s * DEADLINE_SHARE
                                 if self.reserved_next_s is not None else None)
         self.learner.load_state_dict(state["learner"]["tensors"], state["learner"]["meta"])
+        if self.next_round > 0:  # the pending batches were acted with the checkpointed policy
+            self.behaviour.remember(self.next_round - 1, self.learner.weights())
         self.scaler.load_state_dict(state["scaler"])
         self.ledger.load_state_dict(state["ledger"])
 
@@ -430,12 +434,3 @@ def stop_reason(config: NitroConfig, metrics: Mapping[str, float], next_round: i
         return STOP_ROUNDS
     return None
 
-
-def _billed_ms(summary_json: bytes | None, worst_ms: int | None) -> int:
-    """An invocation's billed ms from its stored summary; the worst case without a usable one."""
-    if summary_json is not None:
-        try:
-            return ActorSummary.model_validate_json(summary_json).billed_ms
-        except ValueError:
-            pass
-    return int(worst_ms or 0)

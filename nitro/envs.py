@@ -144,6 +144,18 @@ def env_spec(env_id: str) -> EnvSpec:
         env.close()
 
 
+@functools.lru_cache(maxsize=None)
+def observation_bounds(env_id: str) -> tuple[np.ndarray, np.ndarray]:
+    """The (low, high) of ``env_id``'s observation space as Nitro's models read it, float64, one
+    entry per input; unbounded inputs are -inf / inf."""
+    env = make_env(env_id)
+    try:
+        space = env.observation_space
+        return (np.asarray(space.low, np.float64).ravel().copy(), np.asarray(space.high, np.float64).ravel().copy())
+    finally:
+        env.close()
+
+
 def check_env_id(env_id: str) -> str:
     """``env_id`` if Nitro can train on it, else UnknownEnvError (for validators)."""
     env_spec(env_id)

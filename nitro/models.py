@@ -26,6 +26,15 @@ from nitro.envs import EnvSpec
 
 HIDDEN = 256  # the CNN's dense layer, and the paper's MLP width
 OBS_CLIP = 10.0
+# What one merge may do to the normaliser once it has seen MERGE_BOUNDED_AFTER samples: move each
+# input's mean by at most MERGE_MAX_SHIFT_STD of its standard deviations, and scale its variance
+# by at most MERGE_MAX_VAR_RATIO either way. Before that the first batches set the scale, within
+# the door's magnitude bounds (nitro/validation.py). An iid batch of 256 among 1000 samples moves
+# the mean by a fifth of its own distance from it, so honest batches stay far inside these bounds
+# and merge exactly; a new regime of an input is followed over a few batches, never refused.
+MERGE_MAX_SHIFT_STD = 1.0
+MERGE_MAX_VAR_RATIO = 10.0
+MERGE_BOUNDED_AFTER = 1000.0
 
 
 @dataclass(frozen=True)
@@ -70,7 +79,8 @@ class ObsNorm(nn.Module):
     @torch.no_grad()
     def merge(self, obs: np.ndarray | torch.Tensor) -> None:
         """Fold in the observations whose every value is finite: one inf would make the mean
-        non-finite for good, and with it every later action."""
+        non-finite for good, and with it every later action. No merge moves the statistics
+        further than the MERGE_* bounds above."""
         x = torch.as_tensor(obs, dtype=torch.float64).reshape(-1, *self.mean.shape)
         x = x[torch.isfinite(x).reshape(len(x), -1).all(dim=1)]
         if len(x) == 0:
@@ -79,8 +89,13 @@ class ObsNorm(nn.Module):
         delta = b_mean - self.mean
         total = self.count + b_count
         m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total
-        self.mean.copy_(self.mean + delta * b_count / total)
-        self.var.copy_(m2 / total)
+        mean, var = self.mean + delta * b_count / total, m2 / total
+        if float(self.count) >= MERGE_BOUNDED_AFTER:
+            step = MERGE_MAX_SHIFT_STD * torch.sqrt(self.var)
+            mean = torch.minimum(torch.maximum(mean, self.mean - step), self.mean + step)
+            var = torch.minimum(torch.maximum(var, self.var / MERGE_MAX_VAR_RATIO), self.var * MERGE_MAX_VAR_RATIO)
+        self.mean.copy_(mean)
+        self.var.copy_(var)
         self.count.copy_(total)
 
 

@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from nitro.actors.events import ActorEvent, ActorSummary
 from nitro.cache import CacheError, LocalRedisServer, TrajectoryCache, connect_redis, redact_url, strip_password
-from nitro.checkpoint import CheckpointError, latest_round, load_checkpoint, run_dir, save_checkpoint
+from nitro.cache.home_server import HomeRedis
+from nitro.checkpoint import CheckpointError, fence_token, latest_round, load_checkpoint, run_dir, save_fenced_checkpoint
 from nitro.config import NitroConfig
 from nitro.engine import TrainingRun
-from nitro.failures import RunFailed, one_line
+from nitro.failures import RunFailed, one_line, resume_command
+from nitro.lease import RunLease, acquire_lease
 
 if TYPE_CHECKING:
     from nitro.tracking import RunTracker
@@ -46,6 +48,7 @@ class RunContext:
     backend: ActorBackend
     cache: TrajectoryCache
     redis_url: str
+    lease: RunLease
     resumed_from: int | None = None
     tracker: RunTracker | None = None  # set when the pipeline attaches MLflow
     mlflow_run_id: str | None = None
@@ -113,19 +116,35 @@ def configured_redis_url(config: NitroConfig) -> str | None:
 
 
 @contextlib.contextmanager
-def run_redis(config: NitroConfig) -> Iterator[tuple[Any, str]]:
+def run_redis(config: NitroConfig, *, share_now: bool = True) -> Iterator[tuple[Any, str]]:
     """A client of the run's Redis and its URL, for as long as the context lasts: the configured
-    one (``redis.url``, else ``NITRO_REDIS_URL``), or a local server on ``<home>/redis``, which
-    reloads what earlier runs under that home left there. Raises CacheError."""
+    one (``redis.url``, else ``NITRO_REDIS_URL``), or the home's local server on ``<home>/redis``
+    (``nitro.cache.home_server``: one per home, which reloads what earlier runs left there).
+    ``share_now=False``: other processes find a local server this one started only once
+    ``share_home_redis`` is called (``open_run`` does, holding its run's lease). Raises CacheError."""
     with contextlib.ExitStack() as stack:
         url = configured_redis_url(config)
         if url is None:
-            url = stack.enter_context(LocalRedisServer(data_dir=Path(config.home) / "redis")).url
-            log.info("started a local Redis at %s", url)
+            home_redis = stack.enter_context(HomeRedis(Path(config.home) / "redis"))
+            url = home_redis.url
+            log.info("%s a local Redis at %s", "started" if home_redis.owner else "found", url)
+            if share_now:
+                home_redis.share()
+            _HOME_REDIS[url] = home_redis
+            stack.callback(_HOME_REDIS.pop, url, None)
         client = connect_redis(url, password=os.environ.get(config.redis.password_env) or None,
                                timeout_s=config.redis.connect_timeout_s)
         stack.callback(client.close)
         yield client, url
+
+
+_HOME_REDIS: dict[str, HomeRedis] = {}
+
+
+def share_home_redis(url: str) -> None:
+    """Let other processes use the local server at ``url`` if this process started it."""
+    if url in _HOME_REDIS:
+        _HOME_REDIS[url].share()
 
 
 @contextlib.contextmanager
@@ -138,11 +157,18 @@ def open_run(config: NitroConfig, run_id: str) -> Iterator[RunContext]:
     with stack:
         save_run_config(config, run_id)  # first: whatever fails below, `nitro resume` can start again
         try:
-            client, url = stack.enter_context(run_redis(config))
+            client, url = stack.enter_context(run_redis(config, share_now=False))
         except CacheError as exc:
             given = configured_redis_url(config)
             raise RunFailed("Redis", redact_url(given) if given else "(local server)", one_line(exc), run_id,
                             config.home) from exc
+        # One writer per run (nitro/lease.py): taken before anything of the run is read or written.
+        hint = f" with `{resume_command(run_id, config.home)}`"
+        lease = acquire_lease(client, run_id, config.redis.lease_ttl_s, floor=fence_token(config.home, run_id),
+                              home_hint=hint)
+        stack.callback(lease.release)
+        lease.start_renewing()
+        share_home_redis(url)
         cache = TrajectoryCache(client, run_id, ttl_s=config.redis.ttl_s)
         actor_url, creds = actor_cache_access(config, url, os.environ.get(config.redis.password_env) or None)
         training = TrainingRun(config, run_id, cache, actor_cache_url=actor_url, actor_credentials=creds)
@@ -151,15 +177,21 @@ def open_run(config: NitroConfig, run_id: str) -> Iterator[RunContext]:
             _, state = load_checkpoint(config.home, run_id, resumed)
             training.load_state_dict(state)
             log.info("run %s: resuming after round %d", run_id, resumed)  # rounds count from 0
-        if training.bill_interrupted_round() and resumed is not None:
-            save_checkpoint(config.home, run_id, resumed, training.state_dict())  # billed once, even if it dies again
+        if training.bill_interrupted_round() and resumed is not None:  # billed once, even if it dies again
+            checkpoint_run(config, run_id, resumed, training, lease)
         backend = _start_backend(config, run_id)
         stack.callback(backend.close)
-        ctx = RunContext(config, run_id, training, backend, cache, url, resumed)
+        ctx = RunContext(config, run_id, training, backend, cache, url, lease, resumed)
         with _LOCK:
             _RUNS[run_id] = ctx
         stack.callback(lambda: _RUNS.pop(run_id, None))
         yield ctx
+
+
+def checkpoint_run(config: NitroConfig, run_id: str, round_idx: int, training: TrainingRun, lease: RunLease) -> Path:
+    """The round's checkpoint (the ledger in it), written only while ``lease`` holds the run."""
+    lease.check()
+    return save_fenced_checkpoint(config.home, run_id, round_idx, training.state_dict(), lease.token)
 
 
 # Observers of finished rounds, e.g. the CLI's progress bar. Called in the flow's process.

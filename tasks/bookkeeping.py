@@ -23,11 +23,10 @@ from prefect.client.schemas.objects import StateType
 from prefect.states import Crashed
 
 from nitro.actors.events import ActorSummary
-from nitro.checkpoint import save_checkpoint
 from nitro.detector import Detection
 from nitro.engine import Decision, RoundReport, UpdateReport
 from nitro.metrics import round_line
-from nitro.runtime import RunContext, get_run, notify_round
+from nitro.runtime import RunContext, checkpoint_run, get_run, notify_round
 from tasks import background
 from tasks.artifacts import artifact_key, upsert_artifact
 
@@ -57,7 +56,7 @@ def record_round(run_id: str, report: RoundReport, round_s: float) -> RoundRepor
     report = ctx.training.record_round(report, round_s)
     if ctx.tracker is not None:  # off the critical path, in order (tasks/background.py)
         background.submit(run_id, _log_to_mlflow, ctx, report)
-    save_checkpoint(ctx.config.home, run_id, report.round, ctx.training.state_dict())
+    checkpoint_run(ctx.config, run_id, report.round, ctx.training, ctx.lease)
     log.info(round_line(report.round, report.metrics, ctx.config.rounds))
     notify_round(run_id, report)
     # In line, not in the background lane: two artifact writes racing the next round's subflow
@@ -68,6 +67,7 @@ def record_round(run_id: str, report: RoundReport, round_s: float) -> RoundRepor
 
 
 def _log_to_mlflow(ctx: RunContext, report: RoundReport) -> None:
+    ctx.lease.check()  # fenced: only the run's one writer logs its rounds
     ctx.tracker.log_round(ctx.mlflow_run_id, report.round, report.metrics)
     for key, value in report.tags.items():  # e.g. why a batch was dropped: one tag per batch
         ctx.tracker.client.set_tag(ctx.mlflow_run_id, f"nitro.{key}", value[:5000])

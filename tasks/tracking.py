@@ -27,12 +27,14 @@ def attach_mlflow(run_id: str) -> str:
     re-log checkpointed rounds it lacks, and put a link to it on the flow run."""
     ctx = get_run(run_id)
     cfg = ctx.config
+    ctx.lease.check()  # fenced: only the run's one writer attaches, re-logs and tags
     tracker = RunTracker(cfg.tracking.mlflow_uri or default_tracking_uri(cfg), cfg.tracking.experiment)
     flow_run_id = runtime.flow_run.id
     mlflow_run = tracker.start_or_attach(str(flow_run_id) if flow_run_id else None, run_id, cfg,
                                          tags={**ctx.training.ledger.tags(), **ctx.training.scaler.tags()},
                                          flow_run_name=runtime.flow_run.name,
                                          flow_run_url=flow_run_url())
+    tracker.client.set_tag(mlflow_run, "nitro.lease_token", str(ctx.lease.token))  # the writer of what follows
     # A resumed run re-logs the rounds it has checkpointed; rounds already in MLflow are skipped.
     for row in ctx.training.history:
         tracker.log_round(mlflow_run, int(row["round"]), {k: v for k, v in row.items() if k != "round"})
@@ -55,6 +57,7 @@ def finish_mlflow(run_id: str, status: str = "FINISHED") -> None:
     background.drain(run_id, raise_failure=status == "FINISHED")
     ctx = get_run(run_id)
     tracker, mlflow_run = ctx.tracker, ctx.mlflow_run_id
+    ctx.lease.check()
     if status != "FINISHED":
         tracker.end_run(mlflow_run, status)
         return

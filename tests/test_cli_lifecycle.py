@@ -197,3 +197,33 @@ def test_redis_dying_mid_run_ends_in_one_line_and_the_run_resumes(tmp_path):
     assert code == 0, err[-3000:]
     assert f"{ROUNDS} rounds" in out
     _one_mlflow_run_with_one_value_per_step(home)
+
+
+def test_two_resumers_started_together_one_runs_the_other_names_the_holder(tmp_path):
+    home, run_id = tmp_path / "home", "two-resumers"
+    proc = _nitro(tmp_path, "train", "--run-id", run_id, *_config(home))
+    try:
+        _wait_for(lambda: _inflight_round(home, run_id) == 1, proc, "round 1's invocations")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        _kill_tree(proc)
+    resumers = [_nitro(tmp_path, "resume", run_id, "--home", str(home)) for _ in range(2)]
+    try:
+        finished = [_finish(p) for p in resumers]
+    finally:
+        for p in resumers:
+            _kill_tree(p)
+    codes = sorted(code for code, _, _ in finished)
+    assert codes[0] == 0 and codes[1] != 0, [(c, e[-2000:]) for c, _, e in finished]
+    (winner,) = [p for p, (code, _, _) in zip(resumers, finished) if code == 0]
+    (_, _, err), = [f for f in finished if f[0] != 0]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"nitro: error: run {run_id} is held by another writer: host ") and f"pid {winner.pid}, since" in last, last
+    assert f"nitro resume {run_id} --home {home}" in last and "Traceback" not in err
+    _one_mlflow_run_with_one_value_per_step(home)
+    # the ledger bills each round's two actors once, and the killed round's two once
+    _, state = load_checkpoint(home, run_id)
+    rounds = state["ledger"]["rounds"]
+    assert sorted((r["round_idx"], r["n_requests"]) for r in rounds) == sorted([(k, 2) for k in range(ROUNDS)] + [(1, 2)])
+    assert sum(h["actors_launched"] for h in state["history"]) == 2 * ROUNDS

@@ -4,6 +4,9 @@ local actor processes, a real MLflow store, Hopper-v5):
 * bad batches planted in the cache in the middle of a run (after a round's actors wrote theirs,
   before the next update reads them) are dropped and counted as corrupt, with their reasons in the
   log and MLflow, while the run finishes and the policy and its normaliser stay finite;
+* finite but absurd batches (an observation of 1e30, a log-probability of -1e30, actions of 1e30,
+  rewards of 1e30) planted beside the good ones are refused with their reasons, the round trains on
+  the rest without skipping a minibatch, and the normaliser ends exactly as in the same run without them;
 * a clean run trains on every batch its actors wrote (none missing or corrupt, every sample counted);
 * the target-reward stop ends a run after the round that reached it.
 """
@@ -131,8 +134,15 @@ def test_bad_batches_planted_mid_run_are_dropped_and_the_run_finishes(prefect_ap
     assert all(torch.isfinite(torch.as_tensor(v)).all() for v in tensors.values())
 
 
-def test_a_clean_run_trains_on_every_batch_its_actors_wrote(prefect_api, tmp_path, redis_url):
-    result = _train(_overrides(tmp_path, redis_url, "rounds=3"), "every-batch")
+@pytest.fixture(scope="module")
+def clean_run(prefect_api, redis_server, tmp_path_factory):
+    """A clean 3-round run (its home, its result), shared by the tests that compare with it."""
+    home = tmp_path_factory.mktemp("clean")
+    return home, _train(_overrides(home, redis_server.url, "rounds=3"), "every-batch")
+
+
+def test_a_clean_run_trains_on_every_batch_its_actors_wrote(clean_run):
+    tmp_path, result = clean_run
     assert result.rounds_done == 3
     launched = _history(tmp_path, result, "actors_launched")
     assert launched == [ACTORS] * 3 and _history(tmp_path, result, "actors_failed") == [0.0] * 3
@@ -151,3 +161,72 @@ def test_the_target_reward_stops_the_run(prefect_api, tmp_path, redis_url):
     assert result.stop_reason == "target_reward" and result.rounds_done == 1
     evaluated = _history(tmp_path, result, "eval_return_mean")
     assert len(evaluated) == 1 and not math.isnan(evaluated[0]) and evaluated[0] >= -1000
+
+
+# Finite but absurd: each a copy of a real batch of the run with one value replaced, planted
+# beside the real ones under an invocation id of its own (what is wrong, how, the reason).
+def _huge_obs(b):
+    b["obs"][7, 2] = 1e30
+
+
+def _huge_negative_logp(b):
+    b["logp"][3] = -1e30
+
+
+def _huge_actions(b):
+    b["actions"][:] = 1e30
+
+
+def _huge_rewards(b):
+    b["rewards"][:] = 1e30
+
+
+ABSURD = [(_huge_obs, "obs[7, 2] = 1e+30 is outside its stated bound"), (_huge_negative_logp, "logp disagrees with policy version 0"),
+          (_huge_actions, "actions[0, 0] = 1e+30 is outside its stated bound"),
+          (_huge_rewards, "rewards[0] = 1e+30 is outside its stated bound")]
+
+
+def _plant_beside(k: int, planted: dict[str, str]):
+    """A round observer that adds, after round k, one absurd batch per ABSURD entry to the batches
+    round k+1's update collects (stored and announced as an actor stores its own)."""
+
+    def plant(run_id: str, report) -> None:
+        if report.round != k:
+            return
+        trainer = get_run(run_id).training
+        source = sorted(trainer.pending)[0]
+        for i, (breaks, reason) in enumerate(ABSURD):
+            arrays, meta = loads_tensors(trainer.cache.get_batch(k, source))
+            arrays = {key: v.copy() for key, v in arrays.items()}
+            breaks(arrays)
+            inv = f"{run_id}-r{k:05d}-absurd{i}"
+            trainer.cache.put_batch(k, inv, dumps_tensors(arrays, {**meta, "invocation_id": inv}))
+            trainer.pending.append(inv)
+            planted[inv] = reason
+
+    return plant
+
+
+def test_absurd_batches_are_refused_and_the_normaliser_ends_as_without_them(clean_run, tmp_path, redis_url):
+    planted: dict[str, str] = {}
+    observer = _plant_beside(0, planted)
+    ROUND_OBSERVERS.append(observer)
+    try:
+        result = _train(_overrides(tmp_path, redis_url, "rounds=3"), "absurd")
+    finally:
+        ROUND_OBSERVERS.remove(observer)
+
+    assert result.rounds_done == 3 and len(planted) == len(ABSURD)
+    assert _history(tmp_path, result, "actors_corrupt") == [0.0, len(ABSURD), 0.0]
+    assert _history(tmp_path, result, "ppo/n_samples") == [ACTORS * STEPS, ACTORS * STEPS]
+    assert _history(tmp_path, result, "ppo/skipped_minibatches") == [0.0, 0.0]
+    tags = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db").get_run(result.mlflow_run_id).data.tags
+    for inv, reason in planted.items():
+        assert reason in tags[f"nitro.corrupt.{inv}"], (inv, tags.get(f"nitro.corrupt.{inv}"))
+    # the statistics, and the policy they normalise for, are those of the same run without the absurd batches
+    clean_home, _ = clean_run
+    absurd = load_checkpoint(tmp_path, "absurd")[1]["learner"]["tensors"]
+    clean = load_checkpoint(clean_home, "every-batch")[1]["learner"]["tensors"]
+    for name in ("policy.obs_norm.mean", "policy.obs_norm.var", "policy.obs_norm.count"):
+        assert torch.allclose(torch.as_tensor(absurd[name]), torch.as_tensor(clean[name]), rtol=1e-6, atol=1e-9), name
+    assert float(torch.as_tensor(absurd["policy.obs_norm.var"]).max()) < 1e3

@@ -1,7 +1,9 @@
-"""The learner's door (nitro/validation.py) and the guards behind it: real rollouts on Hopper and
-CartPole, each broken in one way, are refused with a one-line reason naming what is wrong; the
-normaliser, the reward statistics and the optimiser never take in a non-finite value; a run whose
-updates keep failing stops with a clear error."""
+"""The learner's door (nitro/validation.py, nitro/behaviour.py) and the guards behind it: real
+rollouts on Hopper and CartPole, each broken in one way (malformed, non-finite, or finite but
+absurd: beyond a stated bound, or log-probabilities that are not the policy's), are refused with a
+one-line reason naming what is wrong; the normaliser, the reward statistics and the optimiser
+never take in a non-finite value, and one merge never moves the normaliser beyond its bound; a run
+whose updates keep failing stops with a clear error."""
 
 from __future__ import annotations
 
@@ -12,16 +14,17 @@ import pytest
 import torch
 from torch import nn
 
-from nitro.config import ImpactConfig, PPOConfig
+from nitro.behaviour import BehaviourPolicies
+from nitro.config import DoorConfig, ImpactConfig, PPOConfig
 from nitro.envs import env_spec
 from nitro.learners import ImpactLearner, PPOLearner
 from nitro.learners.replay import ReplayBuffer
 from nitro.learners.sgd import clipped_step
 from nitro.learners.statistics import RunningMeanStd
-from nitro.models import ObsNorm, build_policy
+from nitro.models import MERGE_BOUNDED_AFTER, MERGE_MAX_SHIFT_STD, MERGE_MAX_VAR_RATIO, Architecture, ObsNorm, build_policy
 from nitro.rollout import rollout
 from nitro.serialization import dumps_tensors
-from nitro.validation import BatchError, check_batch, decode_batch, max_payload_bytes
+from nitro.validation import BatchError, bounds_for, check_batch, decode_batch, max_payload_bytes
 
 HOPPER, CARTPOLE = "Hopper-v5", "CartPole-v1"
 STEPS = 64
@@ -119,6 +122,82 @@ def test_oversize_payload_is_refused_before_it_is_parsed(hopper):
 def test_wrong_metadata_is_refused(hopper, meta, reason):
     with pytest.raises(BatchError, match=reason):
         decode_batch(_payload(hopper, **meta), env_spec(HOPPER), STEPS, "inv-1")
+
+
+# Finite but absurd: each is refused with its bound by the door, where it names the value and where it is.
+ABSURD = [
+    ("obs", lambda b: _with(b, "obs", _nan_at(b["obs"], 1e30)), "obs[0, 3] = 1e+30 is outside its stated bound [-1e+06, 1e+06]"),
+    ("bootstrap_obs", lambda b: _with(b, "bootstrap_obs", np.full_like(b["bootstrap_obs"], 3e38)), "bootstrap_obs[0, 0] = 3e+38"),
+    ("actions", lambda b: _with(b, "actions", _nan_at(b["actions"], 1e30)), "actions[1, 0] = 1e+30 is outside its stated bound [-1e+03, 1e+03]"),
+    ("rewards", lambda b: _with(b, "rewards", _nan_at(b["rewards"], 1e30)), "rewards[3] = 1e+30 is outside its stated bound [-1e+06, 1e+06]"),
+]
+
+
+@pytest.mark.parametrize(("name", "breaks", "reason"), ABSURD, ids=[a[0] for a in ABSURD])
+def test_a_value_beyond_its_stated_bound_is_refused(hopper, name, breaks, reason):
+    bounds = bounds_for(env_spec(HOPPER), DoorConfig())
+    check_batch(hopper, env_spec(HOPPER), STEPS, bounds)  # the real batch is inside every bound
+    with pytest.raises(BatchError) as info:
+        decode_batch(_payload(breaks(hopper)), env_spec(HOPPER), STEPS, "inv-1", bounds)
+    assert reason in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_finite_observation_bounds_come_from_the_env_space(cartpole):
+    """CartPole states its cart position within +-4.8 (slack: a tenth of the range) and leaves its
+    velocity unbounded (then the door's magnitude holds)."""
+    spec, door = env_spec(CARTPOLE), DoorConfig(max_abs_obs=100.0)
+    bounds = bounds_for(spec, door)
+    assert bounds.obs_high[0] == pytest.approx(4.8 + 0.96) and bounds.obs_high[1] == 100.0
+    check_batch(cartpole, spec, STEPS, bounds)
+    far = cartpole["obs"].copy()
+    far[3, 0] = 6.0
+    with pytest.raises(BatchError, match=r"obs\[3, 0\] = 6 is outside"):
+        check_batch(_with(cartpole, "obs", far), spec, STEPS, bounds)
+
+
+def _behaviour(env_id: str) -> BehaviourPolicies:
+    policies = BehaviourPolicies(env_spec(env_id), Architecture(), atol=1e-3, rtol=1e-3)
+    policies.remember(0, build_policy(env_spec(env_id), seed=0).state_dict())  # what _weights published
+    return policies
+
+
+def test_behaviour_log_probabilities_are_recomputed_from_the_named_version(hopper, cartpole):
+    for env_id, batch in ((HOPPER, hopper), (CARTPOLE, cartpole)):
+        policies = _behaviour(env_id)
+        policies.check(batch, 0)  # the actor's numpy arithmetic agrees with torch's to float tolerance
+        assert np.allclose(policies.recompute(batch, 0), batch["logp"], atol=1e-5)
+        with pytest.raises(BatchError, match=r"logp disagrees with policy version 0 at 1 of 64 steps \(step 3: -1e\+30 given"):
+            policies.check(_with(batch, "logp", _nan_at(batch["logp"], -1e30)), 0)
+        with pytest.raises(BatchError, match="weights_version 7 is not a policy version the learner keeps"):
+            policies.check(batch, 7)
+    # an action of 1e30 has a recomputed log-probability of -inf: refused even without the bounds
+    with pytest.raises(BatchError, match="logp disagrees"):
+        _behaviour(HOPPER).check(_with(hopper, "actions", _nan_at(hopper["actions"], 1e30)), 0)
+
+
+def test_only_the_last_few_versions_are_kept():
+    policies = BehaviourPolicies(env_spec(CARTPOLE), Architecture(), atol=1e-3, rtol=1e-3, keep=3)
+    for version in range(5):
+        policies.remember(version, build_policy(env_spec(CARTPOLE), seed=version).state_dict())
+    assert policies.versions() == [2, 3, 4]
+
+
+def test_one_merge_never_moves_the_normaliser_beyond_its_bound():
+    rng = np.random.default_rng(0)
+    honest = rng.normal(2.0, 1.0, size=(int(MERGE_BOUNDED_AFTER) + 200, 3))
+    norm, exact = ObsNorm((3,)), ObsNorm((3,))
+    norm.merge(honest[:-200])
+    exact.merge(honest[:-200])
+    # an honest batch merges exactly as the plain Welford merge would
+    norm.merge(honest[-200:])
+    whole = torch.as_tensor(honest)
+    assert torch.allclose(norm.mean, whole.mean(0)) and torch.allclose(norm.var, whole.var(0, unbiased=False))
+    # a batch far out moves the mean by at most MERGE_MAX_SHIFT_STD stds, the variance by at most the ratio
+    mean, var = norm.mean.clone(), norm.var.clone()
+    norm.merge(np.full((256, 3), 1e5))
+    assert torch.all((norm.mean - mean).abs() <= MERGE_MAX_SHIFT_STD * var.sqrt() * (1 + 1e-12))
+    assert torch.all(norm.var <= var * MERGE_MAX_VAR_RATIO * (1 + 1e-12))
+    assert float(norm.var.max()) < 20
 
 
 def test_discrete_actions_out_of_range_and_of_the_wrong_dtype(cartpole):

@@ -108,9 +108,12 @@ class TrajectoryCache:
 
     def publish_weights(self, round_idx: int, payload: bytes) -> str:
         """Write the round's weights once (SET NX EX); publishing the same round again is a no-op."""
+        return self.publish_weights_once(round_idx, payload)[0]
+
+    def publish_weights_once(self, round_idx: int, payload: bytes) -> tuple[str, bool]:
+        """``publish_weights``, and whether these bytes were stored (False: an earlier attempt's stay)."""
         key = self.weights_key(round_idx)
-        self.client.set(key, payload, nx=True, ex=self.ttl_s)
-        return key
+        return key, bool(self.client.set(key, payload, nx=True, ex=self.ttl_s))
 
     def fetch_weights(self, key: str) -> bytes:
         data = self.client.get(key)
