@@ -109,7 +109,7 @@ class RayActorBackend:
         self._done: OrderedDict[str, ActorSummary] = OrderedDict()  # succeeded ids -> summary
         self._threads: set[threading.Thread] = set()
         self._closed = False
-        self.stats = {"invocations": 0, "failures": 0, "duplicates": 0, "timeouts": 0}
+        self.stats = {"invocations": 0, "failures": 0, "duplicates": 0, "timeouts": 0, "peak_in_flight": 0}
 
     # -- one invocation ----------------------------------------------------------------------
 
@@ -181,6 +181,7 @@ class RayActorBackend:
                             f"{self.session.gpus_per_job:g} GPU)")
                 if self._in_flight < capacity:
                     self._in_flight += 1
+                    self.stats["peak_in_flight"] = max(self.stats["peak_in_flight"], self._in_flight)
                     return None
                 self._lock.wait(SLOT_POLL_S)
 

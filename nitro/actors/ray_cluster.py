@@ -117,8 +117,8 @@ class RaySession:
         local = cfg.address is None
         options: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                                        runtime_env={"env_vars": worker_env(local)})
-        if local:
-            options.update(num_cpus=cpus, object_store_memory=cfg.object_store_mb * 2**20,
+        if local:  # "local": a new Ray, never one that RAY_ADDRESS or the last `ray start` points at
+            options.update(address="local", num_cpus=cpus, object_store_memory=cfg.object_store_mb * 2**20,
                            _node_ip_address="127.0.0.1")
         else:
             options["address"] = cfg.address
