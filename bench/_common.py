@@ -101,3 +101,15 @@ def tree_cpu_s(pid: int) -> float:
         except psutil.NoSuchProcess:
             pass
     return total
+
+
+# -- simulated actors on the process backends (the local pool and Ray), for the fan-out benchmark ---
+
+
+def simulated_actor(event, state):
+    """An actor function for ``LocalActorPool`` / ``RayActorBackend``: the Lambda handler's simulate
+    mode (wait ``NITRO_SIMULATE_DURATION_S`` seconds, then write a small valid batch to Redis), so
+    that the process backends are measured doing what the Lambda fan-out measures."""
+    from actor_lambda.handler import SIMULATE_ENV, simulate_actor
+
+    return simulate_actor(event, float(os.environ[SIMULATE_ENV]), state.memory_mb)

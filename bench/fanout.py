@@ -31,6 +31,16 @@ Redis share the machine's cores with the client. Their CPU per round is recorded
 controls. ``--pin`` puts the client on CPU 0 and the server and Redis on the other CPUs, so the
 two sides no longer compete for a core (the server side then has one core fewer); without it they
 share all cores, as in the figures of record.
+
+``--pools local,ray`` measures the process backends the same way, in the same run: the local
+worker pool (``LocalActorPool``) and a local Ray (``RayActorBackend``, started by the backend),
+each with ``--slots`` actors at once (worker processes; the local Ray's CPUs), every actor the same
+simulated one (``bench/_common.py: simulated_actor``: the handler's simulate mode). A round of N
+needs ceil(N / slots) waves, so each row also gives ``ideal_s`` = waves x duration and
+``overhead_s`` = all in Redis - ideal_s. The load average is recorded before and after each size.
+For the Ray against the local pool at 8, 64 and 256 invocations::
+
+    python bench/fanout.py --invokers= --pools local,ray --sizes 8,64,256 --out bench/results/fanout_ray.json
 """
 
 from __future__ import annotations
@@ -159,6 +169,94 @@ def run_size(invoker: str, n: int, rounds: int, url: str, cache, watcher, redis_
     }
 
 
+def pooled_round(backend, cache, watcher: Watcher, redis_url: str, run_id: str, round_idx: int, n: int) -> dict:
+    """One round on a process backend: t0 = the decision; ``invoke_many``; the watcher notes the
+    N-th batch in Redis."""
+    from nitro.actors.events import ActorEvent
+
+    watcher.start(cache.done_key(round_idx), n, timeout_s=600)
+    cpu0 = time.process_time()
+    t0 = time.monotonic()
+    events = [ActorEvent(run_id=run_id, round=round_idx, invocation_id=f"{run_id}-r{round_idx:05d}-{i:04d}",
+                         weights_key=cache.weights_key(round_idx), env_id="Hopper-v5", seed=i, n_steps=512,
+                         cache_url=redis_url) for i in range(n)]
+    summaries = backend.invoke_many(events)
+    t_return = time.monotonic() - t0
+    cpu = time.process_time() - cpu0
+    arrived = watcher.result()
+    failures = [s.error for s in summaries if not s.ok]
+    nan = float("nan")
+    return {"n": n, "all_in_redis_s": (arrived[-1] - t0) if len(arrived) == n else nan,
+            "first_in_redis_s": (arrived[0] - t0) if arrived else nan, "returned_s": t_return,
+            "client_cpu_s": cpu, "failures": len(failures), "failure_examples": failures[:3],
+            "stored": sum(1 for e in events if cache.client.exists(cache.batch_key(round_idx, e.invocation_id)))}
+
+
+def open_pool(kind: str, slots: int, duration: float):
+    """A process backend running the simulated actor, ``slots`` actors at once."""
+    from nitro.actors.local import LocalActorPool
+    from nitro.actors.ray_ import RayActorBackend
+    from nitro.config import RayConfig
+
+    os.environ["NITRO_SIMULATE_DURATION_S"] = str(duration)  # read by simulated_actor in the workers
+    actor_fn = "_common:simulated_actor"
+    timeout_s = max(30.0, duration * 10)
+    if kind == "local":
+        return LocalActorPool(workers=slots, timeout_s=timeout_s, memory_mb=1024, actor_fn=actor_fn,
+                              preload=["actor_lambda.handler"])
+    if kind == "ray":
+        return RayActorBackend(RayConfig(), cpus=slots, timeout_s=timeout_s, memory_mb=1024, actor_fn=actor_fn,
+                               preload=["actor_lambda.handler"])
+    raise SystemExit(f"unknown pool {kind!r}: local or ray")
+
+
+def run_pool(kind: str, sizes: list[int], rounds: int, slots: int, duration: float, cache, watcher: Watcher,
+             redis_url: str, run_id: str, next_round: list[int]) -> list[dict]:
+    """Every size on one backend (started once): one cold round, then ``rounds`` warm ones each."""
+    import math
+
+    rows = []
+    with open_pool(kind, slots, duration) as backend:
+        for n in sizes:
+            load_before = os.getloadavg()
+            measured = []
+            for _ in range(rounds + 1):
+                measured.append(pooled_round(backend, cache, watcher, redis_url, run_id, next_round[0], n))
+                next_round[0] += 1
+            cold, warm = measured[0], measured[1:] or measured[:1]
+            all_in = statistics.median(r["all_in_redis_s"] for r in warm)
+            ideal = math.ceil(n / slots) * duration
+            rows.append({
+                "backend": kind, "n": n, "slots": slots, "waves": math.ceil(n / slots),
+                "all_in_redis_s_median": all_in, "all_in_redis_s_rounds": [r["all_in_redis_s"] for r in warm],
+                "ideal_s": ideal, "overhead_s": all_in - ideal,
+                "returned_s_median": statistics.median(r["returned_s"] for r in warm),
+                "first_in_redis_s_median": statistics.median(r["first_in_redis_s"] for r in warm),
+                "client_cpu_ms_per_invocation": 1000 * statistics.median(r["client_cpu_s"] for r in warm) / n,
+                "cold_all_in_redis_s": cold["all_in_redis_s"],
+                "failures": sum(r["failures"] for r in measured),
+                "failure_examples": [e for r in measured for e in r["failure_examples"]][:3],
+                "stored_every_batch": all(r["stored"] == n for r in measured),
+                "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+            })
+            r = rows[-1]
+            print(f"{kind:>7} N={n:5d}  all in Redis {all_in:6.3f}s (ideal {ideal:.1f}s in {r['waves']} waves of "
+                  f"{slots}, overhead {r['overhead_s']:.3f}s)  returned {r['returned_s_median']:.3f}s  client CPU "
+                  f"{r['client_cpu_ms_per_invocation']:.2f} ms/inv  failures {r['failures']}  "
+                  f"load {load_before[0]:.2f} -> {r['loadavg_after'][0]:.2f}", flush=True)
+    return rows
+
+
+def pool_markdown(rows: list[dict], duration: float) -> str:
+    lines = [f"| backend | N | slots | all in Redis | ideal (waves x {duration:g}s) | overhead | client CPU per invoke | load before -> after |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['backend']} | {r['n']} | {r['slots']} | {r['all_in_redis_s_median']:.2f} s | {r['ideal_s']:.1f} s | "
+                     f"{r['overhead_s']:.3f} s | {r['client_cpu_ms_per_invocation']:.2f} ms | "
+                     f"{r['loadavg_before'][0]:.2f} -> {r['loadavg_after'][0]:.2f} |")
+    return "\n".join(lines)
+
+
 def pin(pids: dict[str, int]) -> dict[str, list[int]]:
     """Client on CPU 0; the server (and the workers it forks later) and Redis on the others."""
     cpus = sorted(os.sched_getaffinity(0))
@@ -188,10 +286,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--invokers", default="aiohttp,boto3", help="aiohttp (the default invoker), boto3 (the SDK, reference)")
     p.add_argument("--threads-per-worker", type=int, default=0, help="default: half the largest size (2 worker processes)")
     p.add_argument("--pin", action="store_true", help="client on CPU 0, Invoke server and Redis on the other CPUs")
+    p.add_argument("--pools", default="", help="process backends to measure too: local (the worker pool), ray (a local Ray)")
+    p.add_argument("--slots", type=int, default=8, help="--pools: actors at once (worker processes; the local Ray's CPUs)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "fanout.json"))
     args = p.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",")]
     invokers = [x for x in args.invokers.split(",") if x]
+    pools = [x for x in args.pools.split(",") if x]
+    if not invokers and not pools:
+        raise SystemExit("nothing to measure: give --invokers and/or --pools")
     fake_aws_credentials()
 
     from nitro.cache import LocalRedisServer, TrajectoryCache, connect_redis
@@ -203,19 +306,25 @@ def main(argv: list[str] | None = None) -> int:
     pinning = None
     load_before = os.getloadavg()
     started = time.monotonic()
+    pool_rows: list[dict] = []
     with LocalRedisServer(os.path.join(workdir, "redis"), appendonly=False) as redis_srv:
-        proc, url = start_invoke_server(FUNCTION, concurrency=top + 16, duration_s=args.duration,
-                                        threads_per_worker=tpw, workdir=workdir)
+        proc, url = (start_invoke_server(FUNCTION, concurrency=top + 16, duration_s=args.duration,
+                                         threads_per_worker=tpw, workdir=workdir) if invokers else (None, ""))
         watcher = Watcher(redis_srv.url)
         try:
-            pids = {"server": proc.pid, "redis": redis_srv.process.pid}
+            pids = {"server": proc.pid, "redis": redis_srv.process.pid} if proc is not None else {}
             if args.pin:
                 pinning = pin(pids)
             run_id = "fanout"
             cache = TrajectoryCache(connect_redis(redis_srv.url), run_id, ttl_s=3600)
             next_round = [0]
+            for kind in pools:
+                pool_rows += run_pool(kind, sizes, args.rounds, args.slots, args.duration, cache, watcher,
+                                      redis_srv.url, run_id, next_round)
             # Start the server's worker processes first: cold starts are not what is measured here.
-            run_size(invokers[0], min(8, top), 0, url, cache, watcher, redis_srv.url, run_id, next_round, pids, args.duration)
+            if invokers:
+                run_size(invokers[0], min(8, top), 0, url, cache, watcher, redis_srv.url, run_id, next_round, pids,
+                         args.duration)
             for invoker in invokers:
                 for n in sizes:
                     row = run_size(invoker, n, args.rounds, url, cache, watcher, redis_srv.url, run_id, next_round,
@@ -229,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"failures {row['failures']}", flush=True)
         finally:
             watcher.stop()
-            stop_process(proc)
+            if proc is not None:
+                stop_process(proc)
     ratios = {}
     for invoker in invokers:
         rows = {r["n"]: r for r in results if r["invoker"] == invoker}
@@ -251,12 +361,18 @@ def main(argv: list[str] | None = None) -> int:
                     "boto3": "LambdaActorBackend(invoker=boto3): one boto3 client (max_pool_connections=N, SDK "
                              "retries off) called from N threads"},
         "results": results,
+        "pools": {"slots": args.slots, "results": pool_rows,
+                  "actor": "bench/_common.py simulated_actor (the Lambda handler's simulate mode) in LocalActorPool "
+                           "worker processes, or as Ray tasks on a local Ray started by RayActorBackend"},
         "wall_s": time.monotonic() - started,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print("\n" + markdown(results, args.duration))
+    if results:
+        print("\n" + markdown(results, args.duration))
+    if pool_rows:
+        print("\n" + pool_markdown(pool_rows, args.duration))
     for invoker, r in ratios.items():
         print(f"{invoker}: all in Redis at N={r['sizes'][1]} / N={r['sizes'][0]} = {r['all_in_redis_ratio']:.3f} (target <= 1.2)")
     print(f"wrote {args.out}")

@@ -15,9 +15,11 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from nitro.config_backend import BackendConfig, LambdaConfig, RayConfig, Section as _Section
 from nitro.envs import UnknownEnvError, check_env_id
 from nitro.minionsrl.config import MinionsRLConfig
-from nitro.vm_config import VmConfig
+
+__all__ = ["BackendConfig", "LambdaConfig", "RayConfig"]  # their home is nitro/config_backend.py
 
 
 class ConfigError(ValueError):
@@ -38,10 +40,6 @@ def read_yaml_mapping(path: str | Path, what: str, error: type[ConfigError] = Co
     if not isinstance(data, dict):
         raise error(f"{what} {path} must hold a mapping at the top level")
     return data
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class PPOConfig(_Section):
@@ -167,41 +165,6 @@ class EvalConfig(_Section):
                           "again with sampled actions; one invocation each")
     max_steps: int | None = Field(None, ge=1, description="step cap of one evaluation episode "
                                   "(default: the env's time limit, else 27000)")
-
-
-class LambdaConfig(_Section):
-    function_name: str = "nitro-actor"
-    qualifier: str | None = None
-    region: str = "us-east-1"
-    endpoint_url: str | None = None
-    concurrency: int = Field(64, ge=1, description="invocations in flight at once")
-    architecture: Literal["x86_64", "arm64"] = "x86_64"
-    function_timeout_s: int = Field(300, ge=1, le=900)
-    provisioned_concurrency: int = Field(0, ge=0)
-    max_throttle_retries: int = Field(8, ge=0)
-    invoker: Literal["aiohttp", "boto3"] = Field(
-        "aiohttp", description="aiohttp: one event loop, SigV4-signed requests (a flat fan-out); "
-        "boto3: the SDK's invoke in a thread pool (the fallback)")
-    actor_cache_url: str | None = Field(
-        None, description="Redis URL the functions use, as the actor ACL user (rediss://nitro-actor@host:6379/0?...); "
-        "no password inside. None: the learner's URL")
-    redis_secret_arn: str | None = Field(
-        None, description="Secrets Manager secret holding the actor user's password; sent to the functions as "
-        "cache_credentials={'secret_arn': ...}. None: cache_credentials as for local actors")
-
-
-class BackendConfig(_Section):
-    kind: Literal["local", "lambda"] = "local"
-    workers: int | None = Field(None, ge=1, description="local worker processes (default: CPU count)")
-    timeout_s: float = Field(120.0, gt=0, description="one invocation's deadline (also bounds its cost)")
-    memory_mb: int = Field(1024, ge=128, le=10240, description="actor memory, billed as Lambda")
-    pricing: Literal["lambda", "vm"] = Field(
-        "lambda", description="how actors are billed, whichever backend runs them: lambda (GB-s and requests) "
-        "or vm (EC2 instances from start to stop, `vm`); docs/decisions.md, \"Actors on VMs\"")
-    lambda_: LambdaConfig = Field(default_factory=LambdaConfig, alias="lambda")
-    vm: VmConfig = Field(default_factory=VmConfig)
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
 
 class RedisConfig(_Section):
@@ -361,6 +324,14 @@ class NitroConfig(_Section):
         except UnknownEnvError as exc:
             raise ValueError(str(exc)) from None
 
+    @model_validator(mode="after")
+    def _cluster_reaches_redis(self) -> "NitroConfig":
+        # The run's own Redis listens on loopback only: a cluster's nodes could not write a batch.
+        if self.backend.kind == "ray" and self.backend.ray.address is not None and self.redis.url is None:
+            raise ValueError(f"backend.ray.address={self.backend.ray.address!r} needs redis.url: the nodes of a "
+                             "Ray cluster cannot reach the run's own Redis, which listens on loopback only")
+        return self
+
     # -- loading ---------------------------------------------------------------------------
 
     @property
@@ -446,7 +417,7 @@ def validation_message(exc: ValidationError, what: str = "config") -> str:
     """A pydantic error as one line naming the first bad field: ``invalid <what>: <field>: <why>``."""
     errors = exc.errors()
     first = errors[0]
-    field = ".".join(str(p) for p in first["loc"]) or what
+    field = ".".join(str(p) for p in first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"invalid {what}: {field}: {msg}{more}"
+    return f"invalid {what}: {field}: {msg}{more}" if field else f"invalid {what}: {msg}{more}"

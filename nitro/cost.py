@@ -140,7 +140,8 @@ class CostLedger:
     memory_mb: int = 1024
     architecture: str = "x86_64"  # "x86_64" | "arm64"
     provisioned_concurrency: int = 0
-    local_actors: bool = False
+    local_actors: bool = False  # not on Lambda (local processes or Ray), priced as if they were
+    actors_backend: str | None = None  # where they ran, for the tags: "local" or "ray"; None: from local_actors
     max_billed_ms: int | None = None
     provisioned_rounding_s: int = 300
     learner_clock: str = "measured"  # what learner seconds are handed in: "measured" | "lambda" (nitro.clock)
@@ -327,15 +328,16 @@ class CostLedger:
             priced = (f"aws-ec2 {c.instance_type} ({c.vcpus} vCPUs, ${c.per_hour}/h, {c.price_source}), "
                       f"{c.startup_s:g} s start-up, billed per second, {c.min_billed_s} s minimum")
         tags = {
-            "cost.actors_backend": "local" if self.local_actors else "lambda",
+            "cost.actors_backend": self.actors_backend or ("local" if self.local_actors else "lambda"),
             "cost.actor_pricing": priced,
             "cost.provisioned_concurrency": str(self.provisioned_concurrency),
             "cost.learner_per_hour": str(D(self.prices.learner_per_hour)),
             "cost.learner_clock": self.learner_clock,
         }
         if self.local_actors:
-            tags["cost.note"] = ("local actors priced as if they ran on the EC2 instances above" if self.vm is not None
-                                 else "local actors priced as if they were Lambda, from measured duration and memory")
+            backend = self.actors_backend or "local"
+            tags["cost.note"] = (f"{backend} actors priced as if they ran on the EC2 instances above" if self.vm is not None
+                                 else f"{backend} actors priced as if they were Lambda, from measured duration and memory")
         return tags
 
     # -- checkpoints ------------------------------------------------------------------------------
@@ -366,7 +368,7 @@ class CostLedger:
 
 def ledger_from_config(cfg: Any) -> CostLedger:
     """A ledger for a ``NitroConfig``: memory, architecture, provisioned concurrency and the
-    timeout cap from ``cfg.backend``; local actors when ``backend.kind == "local"``."""
+    timeout cap from ``cfg.backend``; actors off Lambda (``local``, ``ray``) are priced as Lambda."""
     b = cfg.backend
     timeout_s = b.lambda_.function_timeout_s if b.kind == "lambda" else b.timeout_s
     return CostLedger(
@@ -374,7 +376,8 @@ def ledger_from_config(cfg: Any) -> CostLedger:
         memory_mb=b.memory_mb,
         architecture=b.lambda_.architecture,
         provisioned_concurrency=b.lambda_.provisioned_concurrency if b.kind == "lambda" else 0,
-        local_actors=b.kind == "local",
+        local_actors=b.kind != "lambda",
+        actors_backend=b.kind,
         max_billed_ms=int(math.ceil(timeout_s * 1000)),
         learner_clock=cfg.clock.kind,
         vm=VmFleet(b.vm) if b.pricing == "vm" else None,

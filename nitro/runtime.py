@@ -1,7 +1,7 @@
 """The resources one training run owns while it runs, opened once and closed on exit.
 
-``open_run`` starts (or connects to) Redis, starts the actor backend (warm local workers, or the
-shared Lambda client), builds the ``TrainingRun`` and restores its latest checkpoint. Prefect tasks
+``open_run`` starts (or connects to) Redis, starts the actor backend (warm local workers, the
+shared Lambda client, or a connection to Ray), builds the ``TrainingRun`` and restores its latest checkpoint. Prefect tasks
 find these resources by run id with ``get_run``: a Redis client, a process pool or an MLflow
 client cannot travel as a task parameter. What a round computes does travel as parameters, from
 task to task (see ``flows/round.py``); the registry holds no per-round state.
@@ -72,6 +72,10 @@ def make_backend(config: NitroConfig) -> ActorBackend:
         from nitro.actors.lambda_ import LambdaActorBackend
 
         return LambdaActorBackend(b.lambda_, memory_mb=b.memory_mb, timeout_s=b.timeout_s)
+    if b.kind == "ray":
+        from nitro.actors.ray_ import RayActorBackend
+
+        return RayActorBackend(b.ray, cpus=b.workers or os.cpu_count() or 1, timeout_s=b.timeout_s, memory_mb=b.memory_mb)
     from nitro.actors.local import LocalActorPool
 
     return LocalActorPool(workers=b.workers or os.cpu_count() or 1, timeout_s=b.timeout_s, memory_mb=b.memory_mb)

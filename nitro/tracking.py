@@ -32,7 +32,7 @@ reports, tests) use the names of ``nitro.metrics``.
 Tags and artifacts
 ------------------
 Tags set on a new run: ``nitro.run_id``, ``env``, ``algo``, ``scaler``, ``seed``, ``backend``,
-``nitro.cost_model`` (local backend: "local actors priced as Lambda"), the Prefect flow run's
+``nitro.cost_model`` (local backend: "local actors priced as Lambda"; Ray: "ray actors priced as Lambda"), the Prefect flow run's
 ``prefect.flow_run_*`` tags (see ``nitro.tracking_ui``), plus any caller tags (pass
 ``mlflow.parentRunId`` to nest a run under an experiment's parent run). Each run is named after
 its Prefect flow run, else its Nitro run id.
@@ -80,6 +80,7 @@ __all__ = [
     "TAG_FLOW_RUN_ID",
     "TAG_CHECKPOINT",
     "LOCAL_COST_MODEL",
+    "RAY_COST_MODEL",
     "RunTracker",
     "TrackingError",
     "default_tracking_uri",
@@ -97,6 +98,7 @@ TAG_CHECKPOINT = "nitro.checkpoint_uri"
 TAG_RUN_NAME = "mlflow.runName"
 POLICY_MODEL_NAME = "policy"
 LOCAL_COST_MODEL = "local actors priced as Lambda"
+RAY_COST_MODEL = "ray actors priced as Lambda"
 
 
 class RunTracker:
@@ -205,6 +207,8 @@ class RunTracker:
         }
         if config.backend.kind == "local":
             tags[TAG_COST_MODEL] = LOCAL_COST_MODEL
+        elif config.backend.kind == "ray":
+            tags[TAG_COST_MODEL] = RAY_COST_MODEL
         if flow.id:
             tags.update(ui.prefect_tags(flow, nitro_run_id, [flow.id]))
         tags.update(extra)

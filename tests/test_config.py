@@ -98,3 +98,24 @@ def test_flat_dict_has_every_leaf():
     flat = NitroConfig().to_flat_dict()
     assert flat["scaler.i_max"] == 64 and flat["backend.lambda.function_name"] == "nitro-actor"
     assert flat["prices.lambda_per_million_requests"] == 0.20
+
+
+def test_ray_backend_section_and_a_cluster_without_an_external_redis():
+    cfg = NitroConfig.load({}, ["backend.kind=ray", "backend.ray.gpus_per_job={actor: 0.5}"])
+    assert cfg.backend.ray.address is None and cfg.backend.ray.cpus_per_job == 1.0
+    assert cfg.backend.ray.gpus_per_job == {"actor": 0.5} and cfg.to_flat_dict()["backend.ray.object_store_mb"] == 256
+    with pytest.raises(ConfigError) as info:
+        NitroConfig.load({}, ["backend.kind=ray", "backend.ray.address=auto"])
+    msg = str(info.value)
+    assert msg.startswith("invalid config: backend.ray.address='auto' needs redis.url") and "\n" not in msg
+    joined = NitroConfig.load({}, ["backend.kind=ray", "backend.ray.address=10.0.0.5:6379", "redis.url=redis://10.0.0.5:6380/0"])
+    assert joined.backend.ray.address == "10.0.0.5:6379"
+    with pytest.raises(ConfigError, match=r"backend.ray.gpus_per_job.critic"):
+        NitroConfig.load({}, ["backend.ray.gpus_per_job={critic: 1}"])
+
+
+def test_ray_actors_are_priced_as_lambda():
+    from nitro.cost import ledger_from_config
+
+    tags = ledger_from_config(NitroConfig.load({}, ["backend.kind=ray"])).tags()
+    assert tags["cost.actors_backend"] == "ray" and tags["cost.note"].startswith("ray actors priced as if they were Lambda")

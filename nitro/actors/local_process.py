@@ -25,7 +25,7 @@ from nitro.actors.events import ActorSummary
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
-def _load_fn(path: str) -> Callable[..., Any]:
+def load_actor_fn(path: str) -> Callable[..., Any]:
     module, sep, name = path.partition(":")
     if not sep or not module or not name:
         raise ValueError(f"actor_fn must look like 'package.module:function', got {path!r}")
@@ -55,7 +55,7 @@ def _worker_main(conn: Connection, actor_fn: str, memory_mb: int, parent_pid: in
     try:
         for module in preload:
             importlib.import_module(module)
-        fn = _load_fn(actor_fn)
+        fn = load_actor_fn(actor_fn)
         from nitro.actors.worker import ActorState
 
         state = ActorState(memory_mb=memory_mb)

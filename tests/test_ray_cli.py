@@ -1,0 +1,53 @@
+"""`nitro train` with ``backend.kind=ray``, as a user runs it: a local Ray started with the run, a
+``kill -9`` mid-round that leaves no Ray process behind, and a resume that completes the run.
+
+The helpers are tests/test_cli_lifecycle.py's; a test kills only what descends from its own
+`nitro` process.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nitro.checkpoint import checkpoint_dir, load_checkpoint
+from tests.test_cli_lifecycle import (ROUNDS, _config, _descendants, _finish, _inflight_round, _kill_tree, _names,
+                                      _nitro, _one_mlflow_run_with_one_value_per_step, _wait_for)
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.timeout(600)
+
+
+def _ray_config(home: Path) -> list[str]:
+    return [*_config(home), "backend.kind=ray"]  # backend.workers=2: the local Ray's CPUs
+
+
+def test_sigkill_of_a_ray_run_leaves_no_ray_process_and_the_run_resumes(tmp_path):
+    home, run_id = tmp_path / "home", "ray-killed"
+    proc = _nitro(tmp_path, "train", "--run-id", run_id, *_ray_config(home))
+    try:
+        _wait_for(lambda: _inflight_round(home, run_id) == 1, proc, "round 1's invocations")
+        started = _descendants(proc)
+        names = _names(started)
+        assert "raylet" in names and "gcs_server" in names and "nitro.actors.ray_reaper" in names, names
+        assert "nitro.actors.local" not in names  # no local pool beside Ray
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(started, timeout=15)  # the reaper too, once it has ended Ray's agents
+        assert not alive, f"still running after the CLI was killed: {_names(alive)}"
+    finally:
+        _kill_tree(proc)
+    assert _inflight_round(home, run_id) == 1 and not (checkpoint_dir(home, run_id) / "round-00001").exists()
+
+    code, out, err = _finish(_nitro(tmp_path, "resume", run_id, "--home", str(home)))
+    assert code == 0, err[-3000:]
+    assert f"{ROUNDS} rounds" in out
+    _one_mlflow_run_with_one_value_per_step(home)
+    _, state = load_checkpoint(home, run_id)
+    interrupted = [r for r in state["ledger"]["rounds"] if r["interrupted"]]
+    assert [(r["round_idx"], r["n_requests"]) for r in interrupted] == [(1, 2)], interrupted
+    trained = [h for h in state["history"] if h.get("actors_launched")]
+    assert trained and all(h.get("actors_failed", 0) == 0 for h in state["history"]), state["history"]
