@@ -264,3 +264,30 @@ def test_a_ray_the_backend_started_ends_at_close_with_every_process():
     assert {"raylet", "gcs_server"} <= set(report["names"]), report["names"]
     alive = [p for p in report["pids"] if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive, [psutil.Process(p).cmdline() for p in alive]
+
+
+def test_a_tiny_probe_runs_its_arms_on_ray(cluster, prefect_api, tmp_path, redis_url):
+    """`nitro probe` with `backend.kind=ray`: the trunk and both arms of a branch round run their
+    actors on the module's Ray (each run's backend joins the Ray already connected), and the probe
+    measures the branch as on the local pool."""
+    import asyncio
+    import math
+
+    import yaml
+
+    from flows.probe import probe
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    spec = {
+        "name": "tiny-ray-probe",
+        "base": {"env_id": "Hopper-v5", "steps_per_actor": 64, "backend": {"kind": "ray", "workers": 2},
+                 "detector": {"subset_size": 64}, "eval": {"max_steps": 100}, "home": str(tmp_path / "home"),
+                 "tracking": {"mlflow_uri": uri}, "redis": {"url": redis_url}},
+        "branch_rounds": [2], "horizon": 1, "plain_actors": 2, "boost_actors": 3, "eval_episodes": 2,
+    }
+    (tmp_path / "probe.yaml").write_text(yaml.safe_dump(spec))
+    result = asyncio.run(probe(spec_path=str(tmp_path / "probe.yaml"), report_dir=str(tmp_path / "report")))
+    (row,) = result["rows"]
+    assert row["round"] == 2 and (row["actors_plain"], row["actors_boost"]) == (2, 3)
+    assert math.isfinite(row["gain"]) and math.isfinite(row["hessian_R"])
+    assert ray.is_initialized()  # the runs left the module's Ray running
