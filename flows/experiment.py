@@ -31,6 +31,7 @@ from nitro.experiments import (
     build_report,
     cell_config,
     cell_run_id,
+    cell_scaler,
     cell_state,
     expand_cells,
     load_spec,
@@ -153,7 +154,7 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
     for i, cell in enumerate(cells, 1):
         run_id = cell_run_id(spec.name, cell)
         random_mean = None
-        if cell.scaler == "random":
+        if cell_scaler(spec, cell) == "random":
             partner = nitro_partner(cell)
             if partner.key in failed:
                 failed[cell.key] = f"skipped: its nitro cell {partner.key} failed"
@@ -163,7 +164,7 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
             if random_mean is not None:
                 notes[cell.key] = f"random_mean_actors={random_mean:.3f}, measured on {partner.key}"
         config = cell_config(spec, cell, random_mean)
-        if cell.scaler == "random" and random_mean is None:
+        if cell_scaler(spec, cell) == "random" and random_mean is None:
             own = config.scaler.random_mean_actors
             notes[cell.key] = (f"no nitro cell to match; random_mean_actors={own} from the base config" if own is not None
                                else f"no nitro cell to match; random_boost_prob={config.scaler.random_boost_prob}")

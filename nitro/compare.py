@@ -24,7 +24,7 @@ from nitro.tracking import (
 )
 from nitro.tracking_store import sqlite_path
 
-__all__ = ["COLUMNS", "compare_runs", "format_table"]
+__all__ = ["COLUMNS", "PRETRAIN_COLUMNS", "columns_for", "compare_runs", "format_table"]
 
 # (row key, header)
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -39,6 +39,17 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("status", "status"),
     ("mlflow_run_id", "mlflow run id"),
 )
+
+# A MinionsRL run's scheduler was pre-trained before the run (nitro/minionsrl/pretrain.py); its
+# record, carried in the run's tags, sits beside the run's own spend and env steps.
+PRETRAIN_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("env_steps_total", "env steps"),
+    ("pretrain_episodes", "pretrain episodes"),
+    ("pretrain_env_steps", "pretrain env steps"),
+    ("pretrain_usd", "pretrain USD (projected)"),
+)
+PRETRAIN_TAGS = {"pretrain_episodes": "minionsrl.pretrain_episodes", "pretrain_env_steps": "minionsrl.pretrain_env_steps",
+                 "pretrain_usd": "minionsrl.pretrain_usd"}
 
 _PARAM_FALLBACK = {"env": "env_id", "algo": "algo", "scaler": "scaler.name", "seed": "seed"}
 
@@ -131,6 +142,7 @@ def _row(client: MlflowClient, run, experiment_names: Mapping[str, str]) -> dict
     row["final_return"] = final if _finite(final) else last_finite_metric(client, run.info.run_id, "eval_return_mean")
     row["total_spend_usd"] = metrics.get("spend_total_usd")
     row["env_steps_total"] = metrics.get("env_steps_total")
+    row.update(pretrain_record(tags))
     row["status"] = run.info.status
     row["start_time"] = (
         datetime.fromtimestamp(run.info.start_time / 1000, tz=timezone.utc).isoformat(timespec="seconds")
@@ -138,6 +150,15 @@ def _row(client: MlflowClient, run, experiment_names: Mapping[str, str]) -> dict
         else None
     )
     return row
+
+
+def pretrain_record(tags: Mapping[str, str]) -> dict[str, Any]:
+    """The pre-training a run's scheduler took, from its ``minionsrl.pretrain_*`` tags (None each
+    for a run without one)."""
+    usd = tags.get(PRETRAIN_TAGS["pretrain_usd"])
+    return {"pretrain_episodes": _int_or_none(tags.get(PRETRAIN_TAGS["pretrain_episodes"])),
+            "pretrain_env_steps": _int_or_none(tags.get(PRETRAIN_TAGS["pretrain_env_steps"])),
+            "pretrain_usd": float(usd) if _finite(usd) else None}
 
 
 def last_finite_metric(client: MlflowClient, mlflow_run_id: str, key: str) -> float | None:
@@ -166,16 +187,28 @@ def _fmt(key: str, value: Any) -> str:
     if isinstance(value, float):
         if math.isnan(value):
             return "nan"
-        if key == "total_spend_usd":
+        if key in ("total_spend_usd", "pretrain_usd"):
             return f"{value:.4f}"
+        if key == "env_steps_total":
+            return f"{value:.0f}"
         return f"{value:.2f}"
     return str(value)
 
 
+def columns_for(rows: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """``COLUMNS``, with the pre-training columns after the spend when any row used a pre-trained
+    scheduler (a row without one shows "-" there)."""
+    if not any(r.get("pretrain_usd") is not None for r in rows):
+        return COLUMNS
+    at = [k for k, _ in COLUMNS].index("total_spend_usd") + 1
+    return COLUMNS[:at] + PRETRAIN_COLUMNS + COLUMNS[at:]
+
+
 def format_table(rows: list[dict[str, Any]], *, markdown: bool = False) -> str:
     """A fixed-width text table (or a Markdown table) of ``compare_runs`` rows."""
-    headers = [h for _, h in COLUMNS]
-    cells = [[_fmt(k, r.get(k)) for k, _ in COLUMNS] for r in rows]
+    columns = columns_for(rows)
+    headers = [h for _, h in columns]
+    cells = [[_fmt(k, r.get(k)) for k, _ in columns] for r in rows]
     if markdown:
         lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
         lines += ["| " + " | ".join(c) + " |" for c in cells]
@@ -183,10 +216,10 @@ def format_table(rows: list[dict[str, Any]], *, markdown: bool = False) -> str:
     if not rows:
         return "no runs found"
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-    numeric = {"seed", "rounds_done", "final_return", "total_spend_usd"}
+    numeric = {"seed", "rounds_done", "final_return", "total_spend_usd", *(k for k, _ in PRETRAIN_COLUMNS)}
     def line(vals: list[str]) -> str:
         return "  ".join(
-            v.rjust(w) if COLUMNS[i][0] in numeric else v.ljust(w) for i, (v, w) in enumerate(zip(vals, widths))
+            v.rjust(w) if columns[i][0] in numeric else v.ljust(w) for i, (v, w) in enumerate(zip(vals, widths))
         ).rstrip()
     out = [line(headers), line(["-" * w for w in widths])]
     out += [line(c) for c in cells]

@@ -183,7 +183,7 @@ class RunTracker:
         with self._lock:
             run_id = self.find_run(nitro_run_id)
             if run_id is not None:
-                self._reattach(run_id, flow, nitro_run_id)
+                self._reattach(run_id, flow, nitro_run_id, dict(tags or {}))
                 return run_id
             run_id = self._create(flow, nitro_run_id, config, dict(tags or {}))
             # Two processes may have raced to create it: the oldest one wins, the other goes.
@@ -191,7 +191,7 @@ class RunTracker:
             if len(runs) > 1 and runs[0].info.run_id != run_id:
                 self.client.delete_run(run_id)
                 run_id = runs[0].info.run_id
-                self._reattach(run_id, flow, nitro_run_id)
+                self._reattach(run_id, flow, nitro_run_id, dict(tags or {}))
             self._logged_steps[run_id] = set()
             return run_id
 
@@ -224,11 +224,17 @@ class RunTracker:
         self.client.log_text(run_id, config.dump_yaml(), "config/config.yaml")
         return run_id
 
-    def _reattach(self, run_id: str, flow: FlowRun, nitro_run_id: str) -> None:
+    def _reattach(self, run_id: str, flow: FlowRun, nitro_run_id: str, extra: Mapping[str, Any] | None = None) -> None:
+        """Mark the run RUNNING, point its Prefect tags at this flow run, and add the caller's tags
+        it lacks: a run created by someone else (an experiment creates its cells' runs) still gets
+        what this run's own attach says about it, e.g. its scheduler's pre-training."""
         run = self.client.get_run(run_id)
         if run.info.status != "RUNNING":
             self.client.update_run(run_id, status="RUNNING")
         tags = ui.reattach_prefect_tags(run.data.tags, flow, nitro_run_id)
+        for key, value in (extra or {}).items():
+            if value is not None and clean_key(key) not in run.data.tags:
+                tags[clean_key(key)] = value
         if tags:
             self.client.log_batch(run_id, tags=[RunTag(k, tag_value(v)) for k, v in tags.items()])
         self._logged_steps[run_id] = self._load_steps(run_id)

@@ -120,3 +120,46 @@ def test_group_plots_and_ci(tmp_path: Path):
         *write_run_plots([{"round": 0, "eval_return_mean": float("nan")}], tmp_path / "sparse").values(),
     ):
         assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_minionsrl_row_shows_its_pretraining_beside_its_own_spend(tracking_uri: str, study):
+    """The pre-training record rides in the run's tags; the table adds its columns after the spend,
+    "-" on rows without a pre-trained scheduler."""
+    t = RunTracker(tracking_uri, "study")
+    cfg = NitroConfig.load({"seed": 0, "rounds": 5, "scaler": {"name": "minionsrl", "minionsrl": {"path": "s.st"}}})
+    record = {"minionsrl.pretrain_usd": "0.123456", "minionsrl.pretrain_episodes": "100",
+              "minionsrl.pretrain_env_steps": "1638400", "minionsrl.pretrain_on": "nitro.minionsrl.simulator"}
+    rid = t.start_or_attach("flow-m", "hopper-minionsrl-s0", cfg, record)
+    t.log_round(rid, 0, {"eval_return_mean": 5.0, "spend_total_usd": 0.25, "env_steps_total": 2048.0})
+    t.end_run(rid)
+
+    rows = {r["run_name"]: r for r in compare_runs(tracking_uri, "study")}
+    m = rows["hopper-minionsrl-s0"]
+    assert (m["pretrain_episodes"], m["pretrain_env_steps"], m["pretrain_usd"]) == (100, 1638400, pytest.approx(0.123456))
+    assert rows["hopper-fixed-s0"]["pretrain_usd"] is None
+
+    lines = format_table(list(rows.values())).splitlines()
+    header = lines[0]
+    assert header.index("spend USD") < header.index("env steps") < header.index("pretrain episodes") \
+        < header.index("pretrain env steps") < header.index("pretrain USD (projected)") < header.index("status")
+    line = next(ln for ln in lines if ln.startswith("hopper-minionsrl-s0"))
+    assert line.split()[7:12] == ["0.2500", "2048", "100", "1638400", "0.1235"]
+    fixed = next(ln for ln in lines if ln.startswith("hopper-fixed-s0"))
+    assert fixed.split()[9:12] == ["-", "-", "-"]
+    md = format_table(list(rows.values()), markdown=True)
+    assert "| pretrain USD (projected) |" in md.splitlines()[0]
+    # without a pre-trained scheduler in the rows, the table keeps its usual columns
+    assert "pretrain" not in format_table([r for r in rows.values() if r["pretrain_usd"] is None])
+
+
+def test_attaching_to_a_run_created_elsewhere_adds_the_tags_it_lacks(tracking_uri: str):
+    """An experiment creates its cells' MLflow runs with the ledger's tags; the training run's own
+    attach then adds what only it knows (its scheduler's pre-training) and changes nothing set."""
+    t = RunTracker(tracking_uri, "study")
+    cfg = NitroConfig.load({"seed": 0, "rounds": 2})
+    rid = t.start_or_attach(None, "cell-run", cfg, {"cost.learner_clock": "lambda", "nitro.cell": "a/b"})
+    again = t.start_or_attach("flow-2", "cell-run", cfg, {"cost.learner_clock": "measured",
+                                                         "minionsrl.pretrain_usd": "0.5"})
+    tags = MlflowClient(tracking_uri).get_run(rid).data.tags
+    assert again == rid and tags["minionsrl.pretrain_usd"] == "0.5"
+    assert tags["cost.learner_clock"] == "lambda" and tags["nitro.cell"] == "a/b"

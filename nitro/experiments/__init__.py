@@ -12,6 +12,8 @@ The spec (YAML)
     base: {env_id: Hopper-v5, steps_per_actor: 256, ...}   # any NitroConfig mapping
     overrides: ["ppo.lr=5e-5"]       # optional dotted overrides, applied after ``base``
     matrix: {env: [Hopper-v5], algo: [ppo], scaler: [nitro, fixed, always, random], seed: [0, 1, 2]}
+    baselines:                       # optional: named matrix entries, each a scaler + its own overrides
+      serverful-32: {scaler: fixed, overrides: [backend.pricing=vm, scaler.fixed_actors=32]}
     compare: budget                  # budget: every cell gets budget_usd (rounds: max_rounds cap)
     budget_usd: 0.05                 # rounds: every cell runs `rounds` rounds, no budget
     max_rounds: 200
@@ -23,6 +25,19 @@ The spec (YAML)
 Every cell's config is ``base`` + ``overrides`` + the cell's env/algo/scaler/seed (+ its
 sensitivity value), with ``tracking.experiment`` forced to ``name`` (so ``nitro compare
 --experiment <name>`` lists the cells) and ``budget_usd``/``rounds`` set by ``compare``.
+
+Baselines
+---------
+A ``matrix.scaler`` entry is a scaler name or a baseline name. A baseline is a scaler with the
+config overrides that make it the baseline, applied to its cells only, after the spec's
+``overrides``; so Lambda-priced and VM-priced cells share one matrix. Built in
+(``BUILTIN_BASELINES`` in spec.py; a spec's ``baselines`` entry of the same name replaces one):
+``serverful`` (``fixed`` on ``backend.pricing: vm``), ``vm-pause`` and ``vm-replay`` (on VM
+pricing), ``nitro-vm`` (Nitro without serverless: one always-on c5.18xlarge) and ``minionsrl``
+(its scheduler file from ``scaler.minionsrl.path``, checked when the spec loads). A baseline may
+not set what the matrix or ``compare`` sets (env_id, algo, seed, scaler.name, budget_usd, rounds).
+The cell's label, run id and report row carry the baseline's name; its MLflow tag ``scaler`` the
+scaler it ran.
 
 Ablations (paper §8.5): ``fixed`` is Nitro without boosting (``scaler.fixed_actors`` every round);
 ``random`` boosts at random rounds. ``random`` must match Nitro's *expected spend*: it boosts to
@@ -42,6 +57,7 @@ from nitro.experiments.cells import (
     Cell,
     cell_config,
     cell_run_id,
+    cell_scaler,
     expand_cells,
     nitro_partner,
     sensitivity_cells,
@@ -50,7 +66,9 @@ from nitro.experiments.load import load_spec
 from nitro.experiments.machine import machine_info
 from nitro.experiments.report import REPORT_METRICS, Report, build_report, iter_report_files
 from nitro.experiments.spec import (
+    BUILTIN_BASELINES,
     SENSITIVITY_KEYS,
+    BaselineSpec,
     ExperimentError,
     ExperimentSpec,
     MatrixSpec,
@@ -66,10 +84,12 @@ from nitro.experiments.state import (
 from nitro.experiments.stats import SUMMARY_COLUMNS, experiment_rows, format_summary, summarize
 
 __all__ = [
+    "BUILTIN_BASELINES",
     "DONE_MARKER",
     "REPORT_METRICS",
     "SENSITIVITY_KEYS",
     "SUMMARY_COLUMNS",
+    "BaselineSpec",
     "Cell",
     "ExperimentError",
     "ExperimentSpec",
@@ -79,6 +99,7 @@ __all__ = [
     "build_report",
     "cell_config",
     "cell_run_id",
+    "cell_scaler",
     "cell_state",
     "expand_cells",
     "experiment_rows",

@@ -30,7 +30,7 @@ class Cell:
 
     env: str
     algo: str
-    scaler: str
+    scaler: str  # the matrix entry: a scaler name or a baseline name (ExperimentSpec.baseline)
     seed: int
     variant: tuple[tuple[str, Any], ...] = ()
 
@@ -42,7 +42,7 @@ class Cell:
 
     @property
     def label(self) -> str:
-        """The group a cell's seeds are averaged in: the scaler, plus the sensitivity value."""
+        """The group a cell's seeds are averaged in: the scaler or baseline, plus the sensitivity value."""
         return " ".join([self.scaler, *(f"{k}={_fmt_value(v)}" for k, v in self.variant)])
 
     @property
@@ -50,7 +50,8 @@ class Cell:
         return bool(self.variant)
 
     def overrides(self) -> list[str]:
-        out = [f"env_id={self.env}", f"algo={self.algo}", f"scaler.name={self.scaler}", f"seed={self.seed}"]
+        """The cell's place in the matrix (its scaler comes from its baseline: ``cell_config``)."""
+        out = [f"env_id={self.env}", f"algo={self.algo}", f"seed={self.seed}"]
         return out + [f"{k}={v}" for k, v in self.variant]
 
 
@@ -73,11 +74,16 @@ def _base_value(spec: ExperimentSpec, key: str) -> Any:
     return node
 
 
+def cell_scaler(spec: ExperimentSpec, cell: Cell) -> str:
+    """The scaler a cell runs (``scaler.name``): its baseline's."""
+    return spec.baseline(cell.scaler).scaler
+
+
 def expand_cells(spec: ExperimentSpec, sensitivity: bool = False) -> list[Cell]:
     """The cells in run order: per env, algo, seed, the scalers with ``nitro`` first (``random``
     needs its measured mean actors); then, with ``sensitivity``, the sweep's extra cells."""
     m = spec.matrix
-    order = sorted(m.scaler, key=lambda s: (s != "nitro", s == "random"))  # stable otherwise
+    order = sorted(m.scaler, key=lambda s: (s != "nitro", spec.baseline(s).scaler == "random"))  # stable otherwise
     cells = [Cell(env, algo, scaler, seed) for env in m.env for algo in m.algo for seed in m.seed for scaler in order]
     if sensitivity and spec.sensitivity is not None:
         seen = {c.key for c in cells}
@@ -120,13 +126,16 @@ def sensitivity_cells(spec: ExperimentSpec, cells: Sequence[Cell]) -> dict[str, 
 
 
 def cell_config(spec: ExperimentSpec, cell: Cell, random_mean_actors: float | None = None) -> NitroConfig:
-    """The cell's full NitroConfig (raises ConfigError)."""
-    extra = list(spec.overrides) + cell.overrides() + [f"tracking.experiment={spec.name}"]
+    """The cell's full NitroConfig (raises ConfigError): base, the spec's overrides, the cell's
+    baseline (its scaler and overrides), its place in the matrix, then what ``compare`` sets."""
+    baseline = spec.baseline(cell.scaler)
+    extra = [*spec.overrides, f"scaler.name={baseline.scaler}", *baseline.overrides, *cell.overrides(),
+             f"tracking.experiment={spec.name}"]
     if spec.compare == "budget":
         extra += [f"budget_usd={spec.budget_usd!r}", f"rounds={spec.max_rounds}"]
     else:
         extra += ["budget_usd=null", f"rounds={spec.rounds}"]
-    if random_mean_actors is not None and cell.scaler == "random":
+    if random_mean_actors is not None and baseline.scaler == "random":
         extra.append(f"scaler.random_mean_actors={float(random_mean_actors)!r}")
     # A deep copy: NitroConfig.load applies dotted overrides in place into nested dicts of its input.
     return NitroConfig.load(copy.deepcopy(spec.base), extra)

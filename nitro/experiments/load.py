@@ -17,9 +17,25 @@ def load_spec(source: str | os.PathLike | Mapping[str, Any], overrides: Sequence
     ``overrides`` are extra dotted config overrides appended to the spec's (e.g. ``home=/tmp/x``).
     Every cell's config is built once here, so a bad base config fails before anything runs."""
     spec, where = load_spec_model(source, overrides, ExperimentSpec, "experiment spec", ExperimentError)
-    try:
-        for cell in expand_cells(spec, sensitivity=True):
-            cell_config(spec, cell)
-    except ConfigError as exc:
-        raise ExperimentError(f"{where}: {exc}") from None
+    checked: set[str] = set()
+    for cell in expand_cells(spec, sensitivity=True):
+        in_baseline = f"baseline {cell.scaler}: " if spec.baseline(cell.scaler).overrides else ""
+        try:
+            config = cell_config(spec, cell)
+        except ConfigError as exc:
+            raise ExperimentError(f"{where}: {in_baseline}{exc}") from None
+        path = config.scaler.minionsrl.path
+        if config.scaler.name == "minionsrl" and path not in checked:
+            checked.add(path)
+            _check_scheduler(path, f"{where}: {in_baseline}scaler.minionsrl.path")
     return spec
+
+
+def _check_scheduler(path: str, field: str) -> None:
+    """A MinionsRL cell's scheduler file must be one before any cell runs, not when its cell starts."""
+    from nitro.minionsrl.pretrain import load_scheduler
+
+    try:
+        load_scheduler(path)
+    except ValueError as exc:
+        raise ExperimentError(f"{field}: {exc}") from None

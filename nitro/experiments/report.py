@@ -104,6 +104,7 @@ def build_report(
         "",
         _clock_line(cell_config(spec, cells[0])),
         "",
+        *_baselines_table(spec, cells),
     ]
     if spec.compare == "budget":
         md += ["A cell stops when the budget cap finds no room for another round. The cap reserves "
@@ -184,13 +185,15 @@ def build_report(
     md += machine_markdown(info)
 
     run_cols = ["run_name", "nitro_run_id", "mlflow_run_id", "cell", "label", "env", "algo", "scaler", "seed",
-                "rounds_done", "final_return", "total_spend_usd", "env_steps_total", "status"]
+                "rounds_done", "final_return", "total_spend_usd", "env_steps_total", "pretrain_episodes",
+                "pretrain_env_steps", "pretrain_usd", "status"]
     add(_write_csv(out / "runs.csv", rows, run_cols))
     round_rows = [{"run_name": r["run_name"], "label": r["label"], "env": r["env"], "algo": r["algo"], "seed": r["seed"],
                    **h} for r in rows for h in histories[r["mlflow_run_id"]]]
     add(_write_csv(out / "rounds.csv", round_rows, ["run_name", "label", "env", "algo", "seed", "round", *REPORT_METRICS]))
     summary_cols = ["env", "algo", "label", "n", "final_return_mean", "final_return_ci95", "total_spend_usd_mean",
-                    "total_spend_usd_ci95", "rounds_done_mean", "env_steps_total_mean"]
+                    "total_spend_usd_ci95", "rounds_done_mean", "env_steps_total_mean", "pretrain_episodes_mean",
+                    "pretrain_env_steps_mean", "pretrain_usd_mean"]
     add(_write_csv(out / "summary.csv", report.summary, summary_cols))
     results = {
         "experiment": spec.name, "spec": spec.model_dump(mode="json"), "parent_run_id": parent_run_id,
@@ -205,6 +208,20 @@ def build_report(
     add_path.write_text(report.markdown + "\n")
     add(add_path)
     return report
+
+
+def _baselines_table(spec: ExperimentSpec, cells: Sequence[Cell]) -> list[str]:
+    """What each matrix entry runs and how its actors are billed (Markdown lines)."""
+    from nitro.cost import ledger_from_config
+
+    first = {c.scaler: c for c in reversed(cells) if not c.is_sensitivity}
+    lines = ["| matrix entry | scaler | its overrides | actors billed as | what it is |", "|---|---|---|---|---|"]
+    for name in spec.matrix.scaler:
+        baseline = spec.baseline(name)
+        priced = ledger_from_config(cell_config(spec, first[name])).tags()["cost.actor_pricing"]
+        overrides = ", ".join(f"`{o}`" for o in baseline.overrides) or "-"
+        lines.append(f"| {name} | {baseline.scaler} | {overrides} | {priced} | {baseline.description or '-'} |")
+    return lines + [""]
 
 
 def _clock_line(config) -> str:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from nitro.config import ConfigError, ScalerName
 
 SENSITIVITY_KEYS = ("scaler.decay", "scaler.window", "detector.subset_size")
+# What a cell's place in the matrix and the spec's `compare` set; a baseline cannot change them.
+CELL_KEYS = ("env_id", "algo", "seed", "scaler.name", "budget_usd", "rounds", "tracking.experiment")
+BASELINE_NAME = r"^[a-z0-9][a-z0-9_.-]{0,31}$"
+SCALER_NAMES: tuple[str, ...] = get_args(ScalerName)
 
 
 class ExperimentError(ConfigError):
@@ -19,10 +24,50 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class BaselineSpec(_Strict):
+    """A named matrix entry: a scaler with the config overrides that make it the baseline (its
+    pricing, its instance type, its scheduler file), applied to its cells only."""
+
+    scaler: ScalerName
+    overrides: list[str] = Field(default_factory=list, description="dotted key=value, after the spec's overrides")
+    description: str = ""
+
+    @field_validator("overrides")
+    @classmethod
+    def _overrides(cls, v: list[str]) -> list[str]:
+        for item in v:
+            key = item.partition("=")[0].strip()
+            if "=" not in item or not key:
+                raise ValueError(f"{item!r} is not key=value")
+            if key in CELL_KEYS:
+                raise ValueError(f"{key} is set by the matrix or by `compare`, not by a baseline")
+        return v
+
+
+_VM = "backend.pricing=vm"
+# The paper's baselines (docs/decisions.md, "Actors on VMs" and "MinionsRL"), by name; a spec's
+# own `baselines` entry of the same name replaces one.
+BUILTIN_BASELINES: dict[str, BaselineSpec] = {
+    "serverful": BaselineSpec(scaler="fixed", overrides=[_VM], description=(
+        "serverful PPO / IMPACT (paper §8.2): scaler.fixed_actors every round on EC2 instances billed from "
+        "start to stop, idle included")),
+    "vm-pause": BaselineSpec(scaler="vm-pause", overrides=[_VM], description=(
+        "boosting on VMs (paper §2.3): Nitro's signal, the learner waits while the boost's instances start")),
+    "vm-replay": BaselineSpec(scaler="vm-replay", overrides=[_VM], description=(
+        "boosting on VMs (paper §2.3): Nitro's signal, the learner replays old batches while instances start")),
+    "nitro-vm": BaselineSpec(scaler="nitro", overrides=[_VM, "backend.vm.instance_type=c5.18xlarge",
+                                                         "backend.vm.min_instances=1"], description=(
+        "Nitro without serverless (paper §8.5): Nitro's scaler on one always-on 72-vCPU VM sized for I_max")),
+    "minionsrl": BaselineSpec(scaler="minionsrl", description=(
+        "MinionsRL's pre-trained scheduler (paper §8.3) from scaler.minionsrl.path, Lambda-priced actors; "
+        "its pre-training cost is reported beside the run's")),
+}
+
+
 class MatrixSpec(_Strict):
     env: list[str] = Field(min_length=1)
     algo: list[Literal["ppo", "impact"]] = Field(default_factory=lambda: ["ppo"], min_length=1)
-    scaler: list[ScalerName] = Field(min_length=1)
+    scaler: list[str] = Field(min_length=1, description="scaler names and baseline names")
     seed: list[int] = Field(min_length=1)
 
     @field_validator("env", "algo", "scaler", "seed")
@@ -42,7 +87,7 @@ class MatrixSpec(_Strict):
 
 
 class SensitivitySpec(_Strict):
-    scaler: ScalerName = "nitro"
+    scaler: str = Field("nitro", description="a scaler or baseline name")
     seeds: list[int] | None = Field(None, min_length=1, description="default: the matrix's seeds")
     sweep: dict[str, list[Any]] = Field(min_length=1)
 
@@ -67,6 +112,8 @@ class ExperimentSpec(_Strict):
     budget_usd: float | None = Field(None, gt=0, description="compare=budget: every cell's budget")
     max_rounds: int = Field(1000, ge=1, description="compare=budget: round cap (a safety net)")
     rounds: int | None = Field(None, ge=1, description="compare=rounds: every cell's rounds")
+    baselines: dict[str, BaselineSpec] = Field(
+        default_factory=dict, description="named scalers with their own overrides (default: BUILTIN_BASELINES)")
     sensitivity: SensitivitySpec | None = None
     report_dir: str | None = Field(None, description="default: docs/results/<name>")
 
@@ -85,7 +132,22 @@ class ExperimentSpec(_Strict):
         for key in ("budget_usd", "rounds"):
             if self.base.get(key) is not None:
                 raise ValueError(f"base.{key} is set by `compare`; remove it from base")
+        for name in self.baselines:
+            if not re.match(BASELINE_NAME, name):
+                raise ValueError(f"baselines: name {name!r} must match {BASELINE_NAME}")
+        known = sorted(set(SCALER_NAMES) | set(BUILTIN_BASELINES) | set(self.baselines))
+        for where, names in (("matrix.scaler", self.matrix.scaler),
+                             ("sensitivity.scaler", [self.sensitivity.scaler] if self.sensitivity else [])):
+            for name in names:
+                if name not in known:
+                    raise ValueError(f"{where}: unknown scaler or baseline {name!r}; known: {', '.join(known)}")
         return self
+
+    def baseline(self, name: str) -> BaselineSpec:
+        """What a matrix entry runs: the spec's baseline of that name, else the built-in one, else
+        the plain scaler."""
+        found = self.baselines.get(name) or BUILTIN_BASELINES.get(name)
+        return found if found is not None else BaselineSpec(scaler=name)
 
     @property
     def seeds_for_sensitivity(self) -> list[int]:

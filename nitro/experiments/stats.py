@@ -62,6 +62,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], labels: Sequence[str] | None = 
         sp = [float(r["total_spend_usd"]) for r in rs if _finite(r.get("total_spend_usd"))]
         rd = [float(r["rounds_done"]) for r in rs if _finite(r.get("rounds_done"))]
         st = [float(r["env_steps_total"]) for r in rs if _finite(r.get("env_steps_total"))]
+        pre = [r for r in rs if _finite(r.get("pretrain_usd"))]
         out.append({
             "env": env, "algo": algo, "label": label, "n": len(rs),
             "final_return_mean": mean_ci95(fr)[0], "final_return_ci95": mean_ci95(fr)[1],
@@ -69,8 +70,26 @@ def summarize(rows: Sequence[Mapping[str, Any]], labels: Sequence[str] | None = 
             "rounds_done_mean": sum(rd) / len(rd) if rd else math.nan,
             "env_steps_total_mean": sum(st) / len(st) if st else math.nan,
             "final_return_values": fr, "total_spend_usd_values": sp,
+            **_pretrain_means(pre),
         })
     return out
+
+
+def _pretrain_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """The group's mean pre-training record (None each where no run of it used a pre-trained
+    scheduler): what its scheduler cost before the runs, beside what the runs spent."""
+    out: dict[str, float | None] = {}
+    for key in ("pretrain_episodes", "pretrain_env_steps", "pretrain_usd"):
+        vals = [float(r[key]) for r in rows if _finite(r.get(key))]
+        out[f"{key}_mean"] = sum(vals) / len(vals) if vals else None
+    return out
+
+
+def _pretrain_cell(s: Mapping[str, Any]) -> str:
+    if s.get("pretrain_usd_mean") is None:
+        return "-"
+    return (f"{s['pretrain_usd_mean']:.4f} ({s['pretrain_episodes_mean']:.0f} episodes, "
+            f"{s['pretrain_env_steps_mean']:.0f} env steps)")
 
 
 def _pm(mean: float, half: float, fmt: str) -> str:
@@ -79,14 +98,20 @@ def _pm(mean: float, half: float, fmt: str) -> str:
     return f"{mean:{fmt}} ± {half:{fmt}}" if _finite(half) else f"{mean:{fmt}} (n=1)"
 
 
+PRETRAIN_SUMMARY_HEADER = "pre-training USD, projected (episodes, env steps)"
+
+
 def format_summary(summary: Sequence[Mapping[str, Any]], *, markdown: bool = True) -> str:
-    headers = [h for _, h in SUMMARY_COLUMNS]
+    """The summary table; with a pre-training column when a group used a pre-trained scheduler."""
+    pretrained = any(s.get("pretrain_usd_mean") is not None for s in summary)
+    headers = [h for _, h in SUMMARY_COLUMNS] + ([PRETRAIN_SUMMARY_HEADER] if pretrained else [])
     cells = [[
         s["env"], s["algo"], s["label"], str(s["n"]),
         _pm(s["final_return_mean"], s["final_return_ci95"], ".2f"),
         _pm(s["total_spend_usd_mean"], s["total_spend_usd_ci95"], ".4f"),
         f"{s['rounds_done_mean']:.1f}" if _finite(s["rounds_done_mean"]) else "-",
         f"{s['env_steps_total_mean']:.0f}" if _finite(s["env_steps_total_mean"]) else "-",
+        *([_pretrain_cell(s)] if pretrained else []),
     ] for s in summary]
     if markdown:
         lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
