@@ -1,25 +1,16 @@
 """``nitro minionsrl pretrain``: pre-train MinionsRL's scheduler on the simulator and save it
-(``nitro.minionsrl.pretrain``); the file is what ``scaler.minionsrl.path`` deploys."""
+(``nitro.minionsrl.pretrain``); the file is what ``scaler.minionsrl.path`` deploys. The Prefect
+deployment ``minionsrl-pretrain`` (``flows/minionsrl.py``) does the same from the UI."""
 
 from __future__ import annotations
 
 import argparse
 
-from pydantic import ValidationError
-
-from nitro.config import ConfigError, _apply_override, validation_message
-from nitro.minionsrl.config import PretrainConfig
-from nitro.minionsrl.pretrain import pretrain, save_scheduler
+from nitro.minionsrl.pretrain import pretrain, pretrain_config, save_scheduler
 
 
 def cmd_minionsrl_pretrain(args: argparse.Namespace) -> int:
-    data: dict = {}
-    for item in args.overrides:
-        _apply_override(data, item)
-    try:
-        cfg = PretrainConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(validation_message(exc, "pretrain config")) from None
+    cfg = pretrain_config(args.overrides)
     scheduler, _ = pretrain(cfg, log_every=max(1, cfg.episodes // 10))
     path = save_scheduler(args.out, scheduler)
     r = scheduler.record

@@ -344,7 +344,7 @@ class NitroConfig(_Section):
         """Validate ``data`` with dotted ``key=value`` overrides applied; raise ConfigError."""
         merged = copy.deepcopy(dict(data or {}))  # overrides write into nested dicts: never the caller's
         for item in overrides or []:
-            _apply_override(merged, item)
+            apply_override(merged, item)
         try:
             return cls.model_validate(merged)
         except ValidationError as exc:
@@ -372,7 +372,7 @@ class NitroConfig(_Section):
         return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
 
 
-def _apply_override(data: dict[str, Any], item: str) -> None:
+def apply_override(data: dict[str, Any], item: str) -> None:
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like key=value (e.g. ppo.lr=1e-4)")
     key, raw = item.split("=", 1)

@@ -147,3 +147,20 @@ def test_bad_override_fails_the_run_with_a_message_naming_the_field(deployment):
     message = fr["state"]["message"] or ""
     assert "ConfigError" in message and "i_min" in message, message
     assert not (tmp / "bad-home").exists()
+
+
+def test_the_minionsrl_pretrain_deployment_saves_a_scheduler_with_its_record(deployment):
+    """The deployment `minionsrl-pretrain`, run as the UI's Custom run does: the scheduler file
+    lands where the form said, with the record a run that deploys it will carry."""
+    from nitro.minionsrl.pretrain import load_scheduler
+
+    api, _, tmp, log = deployment
+    out = tmp / "minionsrl" / "scheduler.safetensors"
+    with httpx.Client(base_url=api, timeout=30) as client:
+        dep = client.get("/deployments/name/nitro-minionsrl-pretrain/minionsrl-pretrain")
+        assert dep.status_code == 200, dep.text
+        resp = create_flow_run(client, dep.json()["id"], {"out": str(out), "overrides": ["episodes=2", "simulator.rounds=4"]})
+        assert resp.status_code == 201, resp.text
+        wait_flow_run(client, resp.json()["id"], {"COMPLETED"}, 180, log)
+    record = load_scheduler(out).record
+    assert record.episodes == 2 and record.env_steps > 0 and record.usd > 0

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
-from nitro.config import ClockConfig, PriceTable
+from nitro.config import ClockConfig, ConfigError, PriceTable, apply_override, validation_message
 from nitro.minionsrl.config import PretrainConfig
 from nitro.minionsrl.policy import Episode, SchedulerNet, choose, meta_ppo_update
 from nitro.minionsrl.simulator import TrainingSimulator
@@ -136,3 +137,15 @@ def _json(value: Any) -> Any:
         except ValueError:
             return value
     return value
+
+
+def pretrain_config(overrides: list[str] | tuple[str, ...]) -> PretrainConfig:
+    """A ``PretrainConfig`` from ``key=value`` overrides; ``ConfigError`` (one line, naming the
+    field) when one is bad."""
+    data: dict[str, Any] = {}
+    for item in overrides:
+        apply_override(data, item)
+    try:
+        return PretrainConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc, "pretrain config")) from None
