@@ -87,3 +87,25 @@ def _get(url: str) -> httpx.Response | None:
     except httpx.HTTPError:
         return None
     return resp if resp.status_code == 200 else None
+
+
+def test_the_hint_names_a_database_only_where_the_home_does_not_imply_it(tmp_path: Path):
+    from cli.session import default_database_url, serve_hint
+
+    venv = tmp_path / "repo" / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "prefect").touch()
+    home = tmp_path / "prefect home"
+    hint = serve_hint(home, default_database_url(home), "127.0.0.1", 4200, venv / "python", tmp_path / "repo")
+    assert hint.command == f"PREFECT_HOME='{home}' .venv/bin/prefect server start --port 4200"
+    assert hint.ui_url == "http://127.0.0.1:4200"
+
+    elsewhere = f"sqlite+aiosqlite:///{tmp_path}/other.db"
+    hint = serve_hint(home, elsewhere, "0.0.0.0", 4300, venv / "python", tmp_path / "other-dir")
+    assert hint.command == (f"PREFECT_HOME='{home}' PREFECT_SERVER_DATABASE_CONNECTION_URL={elsewhere} "
+                            f"{venv / 'prefect'} server start --port 4300")
+    assert hint.ui_url == "http://127.0.0.1:4300"  # a wildcard bind is reached on the loopback
+
+    # PostgreSQL outlives the server; its settings (and password) stay where they were
+    hint = serve_hint(home, "postgresql+asyncpg://u:secret@db/prefect", "127.0.0.1", 4200, venv / "python", tmp_path)
+    assert "secret" not in hint.command and "DATABASE" not in hint.command
