@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from cli.session import PrefectApi
     from nitro.run_result import RunResult
 
 
@@ -56,7 +57,7 @@ def _setup_logging() -> None:
     logger.propagate = False
 
 
-def _run_flow(config_path: str | None, overrides: list[str], run_id: str | None) -> RunResult:
+def _run_flow(config_path: str | None, overrides: list[str], run_id: str | None) -> tuple[RunResult, PrefectApi]:
     import asyncio
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -81,8 +82,7 @@ def _run_flow(config_path: str | None, overrides: list[str], run_id: str | None)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    result = _run_flow(args.config, args.overrides, args.run_id)
-    _print_result(result)
+    _print_result(*_run_flow(args.config, args.overrides, args.run_id))
     return 0
 
 
@@ -92,8 +92,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     load_run_config(args.home, args.run_id)  # unknown run id: clear error
     path = run_dir(args.home, args.run_id) / "config.yaml"
-    result = _run_flow(str(path), [f"home={args.home}"], args.run_id)
-    _print_result(result)
+    _print_result(*_run_flow(str(path), [f"home={args.home}"], args.run_id))
     return 0
 
 
@@ -154,13 +153,17 @@ def cmd_profile_actor(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_result(result: RunResult) -> None:
+def _print_result(result: RunResult, api: PrefectApi) -> None:
     ret, at = result.final_eval_return, result.final_eval_round
     score = "not evaluated" if ret is None else f"{ret:.1f} (evaluation in round {at}: whole episodes, mean action)"
     print(f"run {result.run_id}: {result.rounds_done} rounds, stopped by {result.stop_reason}, "
           f"final return {score}, spend ${result.spend_usd:.4f}")
     print(f"  MLflow:  {result.mlflow_url or result.mlflow_run_id}")
-    if result.prefect_url:
+    if result.prefect_url and api.serve_command:
+        # the run's own API server stopped with it; its database still holds the flow run
+        print(f"  Prefect: {result.prefect_url} once this serves the run's Prefect database:")
+        print(f"    {api.serve_command}")
+    elif result.prefect_url:
         print(f"  Prefect: {result.prefect_url}")
     print(f"  checkpoints: {result.checkpoints}")
 

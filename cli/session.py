@@ -7,7 +7,10 @@
 * **Its own Prefect API.** With no ``PREFECT_API_URL`` configured, Prefect would start a temporary
   API server (a ``uvicorn`` child) that outlives a ``kill -9`` of this process and keeps using CPU.
   This starts that same server itself, as a child that the kernel stops when this process dies
-  (``nitro.processes.die_with_parent``), and points the run at it.
+  (``nitro.processes.die_with_parent``), and points the run at it. Its database (SQLite in the
+  Prefect home) keeps the flow run after the server stops, so the run's links point at the UI of a
+  ``prefect server start`` over that same home, and the command ends by printing how to start it
+  (``serve_hint``); a link to the temporary server would be dead by then.
 * **One line on failure**: ``CommandFailed`` holds it, naming the component, its URL without a
   password and the exact resume command where the failure is one of infrastructure
   (``nitro.failures``); any other error is one line too, pointing at the log file.
@@ -19,9 +22,11 @@ import contextlib
 import logging
 import os
 import secrets
+import shlex
 import sys
 import types
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,21 +85,68 @@ def run_log(config: NitroConfig, run_id: str) -> Iterator[Path]:
         handler.close()
 
 
+@dataclass(frozen=True)
+class PrefectApi:
+    """The Prefect API a command's flow runs against."""
+
+    url: str
+    # With the command's own temporary server, the command that serves its database after the run
+    # (the flow run's links point there); None for a configured server, which outlives the run.
+    serve_command: str | None = None
+
+
+@dataclass(frozen=True)
+class ServeHint:
+    command: str  # e.g. "PREFECT_HOME=/root/.prefect .venv/bin/prefect server start --port 4200"
+    ui_url: str  # where that server's UI is, e.g. "http://127.0.0.1:4200"
+
+
+def serve_hint(home: Path, database_url: str | None, host: str, port: int, executable: Path,
+               cwd: Path) -> ServeHint:
+    """The ``prefect server start`` that serves the database a temporary server used: its Prefect
+    home always (the home also holds the profile whose settings the server read), a SQLite
+    database only where it is not the home's default. Another database (PostgreSQL) outlives the
+    server anyway and its settings, password included, come from where they came from before, so
+    the command does not repeat them."""
+    env = [f"PREFECT_HOME={shlex.quote(str(home.expanduser().resolve()))}"]  # from any directory
+    if database_url and database_url.startswith("sqlite") and database_url != default_database_url(home):
+        env.append(f"PREFECT_SERVER_DATABASE_CONNECTION_URL={shlex.quote(database_url)}")
+    prefect = executable.parent / "prefect"
+    if prefect.exists():
+        argv = [str(prefect.relative_to(cwd)) if prefect.is_relative_to(cwd) else str(prefect)]
+    else:
+        argv = [str(executable), "-m", "prefect"]
+    argv += ["server", "start", "--port", str(port)]
+    ui_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # a wildcard bind is reached locally
+    return ServeHint(" ".join(env + [shlex.join(argv)]), f"http://{ui_host}:{port}")
+
+
+def default_database_url(home: Path) -> str:
+    """Prefect's database when none is configured: SQLite in its home."""
+    return f"sqlite+aiosqlite:///{home}/prefect.db"
+
+
 @contextlib.contextmanager
-def prefect_api() -> Iterator[str]:
+def prefect_api() -> Iterator[PrefectApi]:
     """The Prefect API this command talks to: the configured one, else a temporary server that
-    dies with this process (see the module docstring)."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    dies with this process (see the module docstring), with the UI links of the flow run pointing
+    at a later ``prefect server start`` over the same database."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, get_current_settings, temporary_settings
 
     configured = PREFECT_API_URL.value()
     if configured:
-        yield configured
+        yield PrefectApi(configured)
         return
+    settings = get_current_settings()
+    db = settings.server.database.connection_url
+    # `prefect server start` binds to the configured host and port (127.0.0.1:4200 by default).
+    hint = serve_hint(Path(settings.home), db.get_secret_value() if db else None, settings.server.api.host,
+                      settings.server.api.port, Path(sys.executable), Path.cwd())
     server = _start_owned_server()
     try:
-        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url, PREFECT_UI_URL: hint.ui_url}):
             try:
-                yield server.api_url
+                yield PrefectApi(server.api_url, hint.command)
             finally:
                 _drain_prefect_workers()
     finally:
@@ -138,9 +190,9 @@ def _start_owned_server() -> Any:
     return server
 
 
-def run_command(config: NitroConfig, run_id: str, fn: Callable[[], dict]) -> dict:
-    """Run ``fn`` (the flow) with the run's log file and Prefect API; a failure becomes one
-    ``CommandFailed`` line and its traceback goes to the log file."""
+def run_command(config: NitroConfig, run_id: str, fn: Callable[[], Any]) -> tuple[Any, PrefectApi]:
+    """Run ``fn`` (the flow) with the run's log file and Prefect API; returns its result and that
+    API. A failure becomes one ``CommandFailed`` line and its traceback goes to the log file."""
     from nitro.lease import LeaseLost, RunHeld
     from nitro.runtime import configured_redis_url
     from nitro.tracking import default_tracking_uri
@@ -149,7 +201,7 @@ def run_command(config: NitroConfig, run_id: str, fn: Callable[[], dict]) -> dic
         api = None
         try:
             with prefect_api() as api:
-                return fn()
+                return fn(), api
         except KeyboardInterrupt:
             raise
         except (RunHeld, LeaseLost) as exc:  # its line already says who holds the run and what to do
@@ -157,7 +209,7 @@ def run_command(config: NitroConfig, run_id: str, fn: Callable[[], dict]) -> dic
         except Exception as exc:
             logging.getLogger().error("run %s failed", run_id, exc_info=exc)  # to the log file, not the terminal
             urls = {"Redis": configured_redis_url(config),
-                    "MLflow store": default_tracking_uri(config), "Prefect API": api}
+                    "MLflow store": default_tracking_uri(config), "Prefect API": api and api.url}
             failure = describe_failure(exc, run_id, config.home, urls)
             if failure is not None:
                 raise CommandFailed(f"{failure} (traceback: {log_path})") from None

@@ -25,8 +25,9 @@ def apply_prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE", "200")
     os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_READ_BATCH_SIZE", "100")
     # The temporary server that `nitro train` starts (no PREFECT_API_URL) has no UI and ends with the
-    # process, so nothing reads the events it would store; task runs are recorded from the event
-    # stream without them. Storing them costs every seventh round or so a 503 and the client's
+    # process, so nothing reads the events it would store while it runs (the `prefect server start`
+    # that `nitro train` prints for afterwards shows the flow run and its task runs, not events);
+    # task runs are recorded from the event stream without them. Storing them costs every seventh round or so a 503 and the client's
     # 2 s back-off: the server creates the round subflow's task run in a transaction that reads
     # before it writes, and SQLite refuses that write outright ("database is locked", whatever
     # busy_timeout says) when the persister commits in between. 60 rounds of 8 actors, side by

@@ -11,7 +11,7 @@ class RunResult(BaseModel):
     run_id: str
     mlflow_run_id: str | None
     mlflow_url: str | None
-    prefect_url: str | None  # None without a Prefect UI (the CLI's temporary API server has none)
+    prefect_url: str | None  # the flow run's page in the Prefect UI; None outside a flow run
     rounds_done: int
     stop_reason: str
     # the last evaluation: whole episodes, mean action (None if the run never evaluated)

@@ -16,7 +16,8 @@ from tasks.artifacts import artifact_key, upsert_artifact
 
 def flow_run_url() -> str | None:
     """This flow run's page in the Prefect UI (from ``PREFECT_UI_URL``, which Prefect derives from
-    ``PREFECT_API_URL`` when unset); None without a UI, e.g. the CLI's temporary API server."""
+    ``PREFECT_API_URL`` when unset). Under the CLI's temporary API server, which has no UI, that
+    is the page a later ``prefect server start`` over the same database shows (cli/session.py)."""
     flow_run_id = runtime.flow_run.id
     return url_for("flow-run", obj_id=flow_run_id) if flow_run_id else None
 

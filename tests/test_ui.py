@@ -13,8 +13,8 @@ README links them; set NITRO_SCREENSHOT_DIR to write them elsewhere).
   the MLflow run; kill -9 the flow run's process in the middle of round 2, press Retry in the UI:
   the run completes, no subflow stays Running, and each artifact exists once.
 * MLflow: the run list shows the headline metrics, the run's charts open with the Headline
-  group, the description's Prefect link opens the flow run, and Compare of two runs shows the
-  plots.
+  group and each of its charts draws its series (before the screenshot), the description's
+  Prefect link opens the flow run, and Compare of two runs shows the plots.
 
 Without Chromium or playwright the module is skipped with the reason.
 """
@@ -343,9 +343,34 @@ def two_finished_runs(stack: Stack) -> list[dict]:
 
 def _close_assistant(page) -> None:
     """MLflow 3.17 opens its assistant panel next to everything; close it for room."""
-    panel = page.get_by_text("MLflow Assistant", exact=True)
-    if panel.count():
-        page.locator("div", has=panel).get_by_role("button").last.click()
+    close = page.locator('[data-component-id="mlflow.assistant.chat_panel.close"]')
+    if close.count():
+        close.click()
+        expect(close).to_have_count(0)
+
+
+# The charts of the first chart group (the Headline) and how many have drawn their series: a
+# line, or a marker where a series has one point. A chart loads its metric history after the page
+# renders and shows a spinner, no plot, until it arrives.
+_DRAWN_CHARTS_JS = """() => {
+    const grid = document.querySelector('[data-testid="draggable-chart-cards-grid"]');
+    const cards = grid ? [...grid.querySelectorAll('[data-testid="experiment-view-compare-runs-card"]')] : [];
+    const drawn = cards.filter(card => [...card.querySelectorAll(
+        '.js-plotly-plot .scatterlayer .trace path.js-line, .js-plotly-plot .scatterlayer .trace path.point')]
+        .some(path => (path.getAttribute('d') || '').length > 2 && path.getBBox().width + path.getBBox().height > 0));
+    return [cards.length, drawn.length];
+}"""
+
+
+def _wait_for_drawn_charts(page, n: int) -> tuple[int, int]:
+    """Wait (at most UI_WAIT_MS) until the first chart group's ``n`` charts have each drawn a
+    series; returns (charts, charts drawn) as the page has them then."""
+    try:
+        page.wait_for_function(f"n => {{ const [cards, drawn] = ({_DRAWN_CHARTS_JS})(); "
+                               "return cards === n && drawn === n; }", arg=n, timeout=UI_WAIT_MS)
+    except sync_api.TimeoutError:
+        pass  # the caller's assertion says how many had drawn
+    return tuple(page.evaluate(_DRAWN_CHARTS_JS))
 
 
 def test_mlflow_ui_headline_first_links_back_and_compares_plots(stack: Stack, two_finished_runs, page):
@@ -376,6 +401,10 @@ def test_mlflow_ui_headline_first_links_back_and_compares_plots(stack: Stack, tw
     assert titles[0].startswith("Headline (") and any(t.startswith("ppo (") for t in titles), titles
     expect(page.get_by_text("eval_return_mean", exact=True).first).to_be_visible()
     _close_assistant(page)
+    # each chart loads its metric history after the page renders: shoot once every Headline chart has drawn
+    headline = int(re.match(r"Headline \((\d+)\)", titles[0])[1])
+    charts, drawn = _wait_for_drawn_charts(page, headline)
+    assert (charts, drawn) == (headline, headline), f"{drawn} of {charts} Headline charts drawn, {headline} expected"
     _shot(page, "mlflow-2-headline-charts")
 
     # 3. the description links back to the Prefect flow run, and the link opens it
