@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import argparse
 
-from nitro.minionsrl.pretrain import pretrain, pretrain_config, save_scheduler
+from nitro.minionsrl.pretrain import fitted_pretrain_config, pretrain, pretrain_config, save_scheduler
 
 
 def cmd_minionsrl_pretrain(args: argparse.Namespace) -> int:
-    cfg = pretrain_config(args.overrides)
+    fit_from = getattr(args, "fit_from", "") or ""
+    if fit_from:
+        cfg, report = fitted_pretrain_config(args.overrides, fit_from)
+        print(f"simulator {report.summary()} ({fit_from})", flush=True)
+    else:
+        cfg = pretrain_config(args.overrides)
     scheduler, _ = pretrain(cfg, log_every=max(1, cfg.episodes // 10))
     path = save_scheduler(args.out, scheduler)
     r = scheduler.record
@@ -24,6 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     msub = p.add_subparsers(dest="minionsrl_command", required=True)
     q = msub.add_parser("pretrain", help="train the scheduler on the training simulator and save it (safetensors)")
     q.add_argument("--out", default=".nitro/minionsrl.safetensors", help="where to save the scheduler")
+    q.add_argument("--fit-from", default="", metavar="PATH",
+                   help="fit the simulator's gain curve, noise and learner times to an experiment report's "
+                        "rounds.csv first (key=value overrides still win)")
     q.add_argument("overrides", nargs="*", metavar="key=value",
                    help="PretrainConfig fields, e.g. episodes=100 normalize_state=true simulator.rounds=50")
     q.set_defaults(func=cmd_minionsrl_pretrain)

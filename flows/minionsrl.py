@@ -10,19 +10,25 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from nitro.minionsrl.pretrain import pretrain, pretrain_config, save_scheduler
+from nitro.minionsrl.pretrain import fitted_pretrain_config, pretrain, pretrain_config, save_scheduler
 
 
 @task(name="pretrain-scheduler", cache_policy=NO_CACHE)
-def pretrain_scheduler(overrides: Sequence[str], out: str) -> dict:
-    """Train the scheduler on the simulator, save it; returns the file and its pre-training record."""
-    cfg = pretrain_config(list(overrides))
+def pretrain_scheduler(overrides: Sequence[str], out: str, fit_from: str = "") -> dict:
+    """Train the scheduler on the simulator (fitted from ``fit_from`` first when given), save it;
+    returns the file and its pre-training record."""
+    if fit_from:
+        cfg, report = fitted_pretrain_config(list(overrides), fit_from)
+        print(f"simulator {report.summary()} ({fit_from})")
+    else:
+        cfg = pretrain_config(list(overrides))
     scheduler, _ = pretrain(cfg, log_every=max(1, cfg.episodes // 10))
     return {"path": str(save_scheduler(out, scheduler)), **asdict(scheduler.record)}
 
 
 @flow(name="nitro-minionsrl-pretrain", persist_result=False, log_prints=True)
-def minionsrl_pretrain(out: str = ".nitro/minionsrl.safetensors", overrides: Sequence[str] = ()) -> dict:
+def minionsrl_pretrain(out: str = ".nitro/minionsrl.safetensors", overrides: Sequence[str] = (),
+                       fit_from: str = "") -> dict:
     """Pre-train MinionsRL's learned scheduler (a baseline) on the training simulator and save it
     as safetensors with its pre-training record (episodes, simulated env steps, dollars on the
     projected clock), which every report row that uses it shows beside the run's own spend.
@@ -32,12 +38,16 @@ def minionsrl_pretrain(out: str = ".nitro/minionsrl.safetensors", overrides: Seq
             scaler.minionsrl.path then names).
         overrides: Pre-training settings as key=value, one per item, e.g. episodes=100,
             normalize_state=true, simulator.rounds=50.
+        fit_from: An experiment report's rounds.csv, on the worker's machine, to fit the
+            simulator's gain curve, noise and learner times to first; empty: the assumed shape.
+            The overrides still win over the fit.
     """
-    saved = pretrain_scheduler(overrides, out)
+    saved = pretrain_scheduler(overrides, out, fit_from)
     create_markdown_artifact(
         key="nitro-minionsrl-pretrain",
         markdown=(f"**MinionsRL scheduler** saved to `{saved['path']}`: {saved['episodes']} episodes, "
-                  f"{saved['env_steps']} simulated env steps, ${saved['usd']:.4f} on the projected clock."),
+                  f"{saved['env_steps']} simulated env steps, ${saved['usd']:.4f} on the projected clock, "
+                  f"on {saved['simulator']}."),
         description="MinionsRL's pre-training record")
     print(f"saved {saved['path']}: {saved['episodes']} episodes, ${saved['usd']:.4f} on the projected clock")
     return saved

@@ -180,3 +180,74 @@ def test_nitro_minionsrl_pretrain_saves_a_scheduler_with_its_record(tmp_path):
     record = load_scheduler(out).record
     assert record.episodes == 2 and record.env_steps > 0 and record.usd > 0
     assert main(["minionsrl", "pretrain", "--out", str(out), "episodes=0"]) == 2  # one line naming the field
+
+
+def _bump_rows(runs: int = 6, rounds: int = 30, noise: float = 0.1, peak: float = 20.0, gain: float = 30.0,
+               width: float = 8.0) -> list[dict[str, str]]:
+    """rounds.csv rows of runs whose rounds gain a known bump; every fourth round logs no return
+    (NaN, as a round where no episode ended); a round's seconds are 0.5 + 1e-3 per sample."""
+    rng, rows = np.random.default_rng(1), []
+    for run in range(runs):
+        ret, steps = 0.0, 0
+        for k in range(rounds):
+            n = int(rng.integers(1, 65))
+            steps += 256 * n
+            rows.append({"run_name": f"run{run}", "round": str(k), "return_mean": "nan" if k % 4 == 3 else str(ret),
+                         "actors_launched": f"{n}.0", "env_steps_total": str(steps),
+                         "round_s": str(0.5 + 1e-3 * 256 * n)})
+            ret += gain * math.exp(-(((n - peak) / width) ** 2)) * (1 + noise * rng.standard_normal())
+    return rows
+
+
+def test_the_simulator_fit_recovers_a_known_gain_curve_and_learner_line():
+    from nitro.minionsrl.config import SimulatorConfig
+    from nitro.minionsrl.fit import fit_simulator
+
+    base = SimulatorConfig(rounds=7)
+    sim, report = fit_simulator(_bump_rows(), base)
+    assert abs(sim.peak_actors - 20) <= 2 and sim.width == pytest.approx(8, rel=0.25)
+    assert sim.peak_gain == pytest.approx(30, rel=0.15) and 0 < sim.noise < 0.3
+    assert sim.learner_fixed_s == pytest.approx(0.5, abs=1e-6) and sim.learner_s_per_sample == pytest.approx(1e-3)
+    assert sim.rounds == 7 and report.runs == 6 and report.pairs == 6 * 15  # NaN on either side drops a pair
+    assert report.timed_rounds == 180 and report.peak_actors == sim.peak_actors
+
+
+def test_the_simulator_fit_on_the_hopper_study_peaks_inside_its_actor_range():
+    from nitro.minionsrl.config import SimulatorConfig
+    from nitro.minionsrl.fit import fit_simulator, read_rounds
+
+    rows = read_rounds("docs/results/hopper-study/rounds.csv")
+    sim, report = fit_simulator(rows, SimulatorConfig())
+    actors = [float(r["actors_launched"]) for r in rows if float(r["actors_launched"]) >= 1]
+    assert min(actors) <= sim.peak_actors <= max(actors) and sim.peak_gain > 0 and sim.width > 0
+    assert report.pairs >= 100 and report.runs >= 2 and sim.learner_s_per_sample >= 0 and sim.learner_fixed_s >= 0
+
+
+@pytest.mark.parametrize("rows, reason", [(_bump_rows(runs=1, rounds=4), "too few round gains"),
+                                          (_bump_rows(gain=-5.0), "no round of the")])
+def test_the_simulator_fit_refuses_rows_it_cannot_fit(rows, reason):
+    from nitro.minionsrl.config import SimulatorConfig
+    from nitro.minionsrl.fit import fit_simulator
+
+    with pytest.raises(ValueError, match=reason) as err:
+        fit_simulator(rows, SimulatorConfig())
+    assert "\n" not in str(err.value)
+
+
+def test_pretrain_fit_from_names_the_fit_in_the_record_and_overrides_win(tmp_path, capsys):
+    import argparse
+
+    from cli.minionsrl import cmd_minionsrl_pretrain
+
+    out, csv_path = tmp_path / "scheduler.safetensors", "docs/results/hopper-study/rounds.csv"
+    args = argparse.Namespace(out=str(out), fit_from=csv_path, overrides=["episodes=2", "simulator.rounds=4",
+                                                                          "simulator.noise=0.05"])
+    assert cmd_minionsrl_pretrain(args) == 0
+    assert "fitted on" in capsys.readouterr().out
+    scheduler = load_scheduler(out)
+    assert scheduler.record.simulator == f"nitro.minionsrl.simulator fitted from {csv_path}"
+    sim = scheduler.config["simulator"]
+    assert sim["rounds"] == 4 and sim["noise"] == 0.05 and sim["fitted_from"] == csv_path and sim["width"] != 16.0
+    bad = argparse.Namespace(out=str(out), fit_from=str(tmp_path / "none.csv"), overrides=["episodes=2"])
+    with pytest.raises(ConfigError, match="no rounds file"):
+        cmd_minionsrl_pretrain(bad)

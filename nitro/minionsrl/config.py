@@ -23,8 +23,10 @@ class MinionsRLConfig(_Strict):
 
 class SimulatorConfig(_Strict):
     """The surrogate training run the scheduler is pre-trained on (``nitro.minionsrl.simulator``).
-    Its shape is an assumption, not a fit: the return a round gains peaks at ``peak_actors``; its
-    times follow the Lambda-projected clock with the per-sample and per-step costs measured here."""
+    By default its shape is an assumption: the return a round gains peaks at ``peak_actors``; its
+    times follow the Lambda-projected clock with the per-sample and per-step costs measured here.
+    ``nitro minionsrl pretrain --fit-from`` fits the gain curve, noise and learner times to logged
+    runs instead (``nitro.minionsrl.fit``)."""
 
     rounds: int = Field(50, ge=1, description="rounds of one simulated run (the code's stop_max_round)")
     steps_per_actor: int = Field(256, ge=1)
@@ -36,6 +38,8 @@ class SimulatorConfig(_Strict):
     learner_s_per_sample: float = Field(0.0012, ge=0, description="PPO 2x256 on one core (nitro/budget.py)")
     actor_s_per_step: float = Field(0.00025, ge=0, description="Hopper with a 2x256 forward, ~4k steps/s")
     memory_mb: int = Field(1024, ge=128)
+    fitted_from: str = Field("", description="the rounds.csv the fields above were fitted from (--fit-from); "
+                             "empty: the assumed shape")
 
 
 class PretrainConfig(_Strict):

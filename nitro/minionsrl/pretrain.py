@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from nitro.config import ClockConfig, ConfigError, PriceTable, apply_override, validation_message
 from nitro.minionsrl.config import PretrainConfig
+from nitro.minionsrl.fit import FitReport, fit_simulator, read_rounds
 from nitro.minionsrl.policy import Episode, SchedulerNet, choose, meta_ppo_update
 from nitro.minionsrl.simulator import TrainingSimulator
 from nitro.minionsrl.state import StateNormaliser, action_mask, actors_for_action, round_reward, state_vector
@@ -87,7 +88,9 @@ def pretrain(cfg: PretrainConfig, prices: PriceTable | None = None, clock: Clock
         if log_every and (episode_idx + 1) % log_every == 0:
             print(f"episode {episode_idx + 1}/{cfg.episodes}: return {sim.mean_return:.1f}, "
                   f"mean actors {np.mean(counts):.1f}, ${sim.spent_usd:.4f}", flush=True)
-    record = PretrainRecord(cfg.episodes, env_steps, usd, "nitro.minionsrl.simulator", cfg.seed)
+    fitted = cfg.simulator.fitted_from
+    on = f"nitro.minionsrl.simulator fitted from {fitted}" if fitted else "nitro.minionsrl.simulator"
+    record = PretrainRecord(cfg.episodes, env_steps, usd, on, cfg.seed)
     return Scheduler(net, normaliser, record, cfg.budget_usd, cfg.model_dump(mode="json")), rows
 
 
@@ -139,10 +142,24 @@ def _json(value: Any) -> Any:
     return value
 
 
-def pretrain_config(overrides: list[str] | tuple[str, ...]) -> PretrainConfig:
-    """A ``PretrainConfig`` from ``key=value`` overrides; ``ConfigError`` (one line, naming the
-    field) when one is bad."""
-    data: dict[str, Any] = {}
+def fitted_pretrain_config(overrides: list[str] | tuple[str, ...],
+                           fit_from: str | Path) -> tuple[PretrainConfig, FitReport]:
+    """``pretrain_config`` on a simulator fitted from a ``rounds.csv`` (``nitro.minionsrl.fit``);
+    the overrides still win over the fit, because they are what the user asked for by name.
+    ``ConfigError`` (one line) when the file cannot be fitted."""
+    base = pretrain_config(overrides)
+    try:
+        simulator, report = fit_simulator(read_rounds(fit_from), base.simulator)
+    except ValueError as exc:
+        raise ConfigError(f"--fit-from {fit_from}: {exc}") from None
+    start = {"simulator": {**simulator.model_dump(mode="json"), "fitted_from": str(fit_from)}}
+    return pretrain_config(overrides, start), report
+
+
+def pretrain_config(overrides: list[str] | tuple[str, ...], start: dict[str, Any] | None = None) -> PretrainConfig:
+    """A ``PretrainConfig`` from ``key=value`` overrides (on top of ``start``); ``ConfigError``
+    (one line, naming the field) when one is bad."""
+    data: dict[str, Any] = dict(start or {})
     for item in overrides:
         apply_override(data, item)
     try:

@@ -5,7 +5,8 @@ to 64 actors is about 1.6M env steps a run, out of reach of a few cores. This su
 the scheduler's state and reward read, at no compute cost:
 
 * a round with N actors gains ``peak_gain x exp(-((N - peak_actors) / width)^2)`` return, times
-  (1 + noise); the mean return is the sum so far (an assumed shape, not a fit);
+  (1 + noise); the mean return is the sum so far (an assumed shape, or one fitted from logged runs
+  by ``nitro.minionsrl.fit``);
 * its seconds follow the Lambda-projected clock (``nitro.clock``): the learner's
   ``learner_fixed_s + learner_s_per_sample x N x steps``, then all actors at once, each
   ``steps x actor_s_per_step``, plus the fan-out and invoke allowances;
