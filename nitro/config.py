@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from nitro.config_backend import BackendConfig, LambdaConfig, RayConfig, Section as _Section
 from nitro.envs import UnknownEnvError, check_env_id

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nitro.actors.events import ActorEvent, ActorSummary
-from nitro.cache import CacheError, LocalRedisServer, TrajectoryCache, connect_redis, redact_url, strip_password
+from nitro.cache import CacheError, TrajectoryCache, connect_redis, redact_url, strip_password
 from nitro.cache.home_server import HomeRedis
 from nitro.checkpoint import CheckpointError, fence_token, latest_round, load_checkpoint, run_dir, save_fenced_checkpoint
 from nitro.config import NitroConfig

@@ -7,7 +7,8 @@ trajectory cache under its invocation id.
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -94,3 +95,19 @@ class ActorSummary(BaseModel):
     def failed(cls, invocation_id: str, error: str, duration_s: float = 0.0, billed_ms: int = 0, memory_mb: int = 0) -> "ActorSummary":
         line = " ".join(str(error).split())[:500]
         return cls(invocation_id=invocation_id, ok=False, error=line, duration_s=duration_s, billed_ms=billed_ms, memory_mb=memory_mb)
+
+
+UNKNOWN_INVOCATION = "unknown"  # the id of an event that names none
+
+
+def event_payload(event: ActorEvent | dict[str, Any], memory_mb: int) -> tuple[str, bytes | ActorSummary]:
+    """(invocation id, the event as JSON bytes), or the failed summary of an event that is not JSON:
+    what a backend sends to its function, whatever the caller handed it."""
+    if isinstance(event, ActorEvent):
+        return event.invocation_id, event.model_dump_json().encode()
+    raw = event.get("invocation_id") if isinstance(event, dict) else None
+    inv = raw if isinstance(raw, str) and raw else UNKNOWN_INVOCATION
+    try:
+        return inv, json.dumps(event).encode()
+    except (TypeError, ValueError) as exc:
+        return inv, ActorSummary.failed(inv, f"event is not JSON-serialisable: {exc}", memory_mb=memory_mb)

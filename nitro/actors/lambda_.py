@@ -39,7 +39,6 @@ How it talks to Lambda (docs/decisions.md, "AWS Lambda"):
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import threading
@@ -50,7 +49,7 @@ from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from nitro.actors.events import ActorEvent, ActorSummary
+from nitro.actors.events import ActorEvent, ActorSummary, event_payload
 from nitro.actors.lambda_answer import UNKNOWN, answer_summary, one_line, parse_report
 from nitro.actors.lambda_http import TRANSPORTS, TransportError
 from nitro.config import LambdaConfig
@@ -162,15 +161,7 @@ class LambdaActorBackend:
     # -- one invocation ----------------------------------------------------------------------
 
     def _payload(self, event: ActorEvent | dict[str, Any]) -> tuple[str, bytes | ActorSummary]:
-        """(invocation id, JSON payload), or the failed summary of an event that is not JSON."""
-        if isinstance(event, ActorEvent):
-            return event.invocation_id, event.model_dump_json().encode()
-        raw = event.get("invocation_id") if isinstance(event, dict) else None
-        inv = raw if isinstance(raw, str) and raw else UNKNOWN
-        try:
-            return inv, json.dumps(event).encode()
-        except (TypeError, ValueError) as exc:
-            return inv, ActorSummary.failed(inv, f"event is not JSON-serialisable: {exc}", memory_mb=self.memory_mb)
+        return event_payload(event, self.memory_mb)
 
     def invoke(self, event: ActorEvent | dict[str, Any]) -> ActorSummary:
         """Invoke the function once for ``event`` (a duplicate id is answered without invoking;

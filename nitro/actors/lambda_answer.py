@@ -16,14 +16,14 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from nitro.actors.events import ActorSummary
+from nitro.actors.events import UNKNOWN_INVOCATION, ActorSummary
 from nitro.actors.lambda_http import InvokeResponse
 
 _BILLED_RE = re.compile(r"Billed Duration:\s*(\d+)\s*ms")
 _MEMORY_RE = re.compile(r"Memory Size:\s*(\d+)\s*MB")
 _INIT_RE = re.compile(r"Init Duration:\s*([\d.]+)\s*ms")
 _MAX_USED_RE = re.compile(r"Max Memory Used:\s*(\d+)\s*MB")
-UNKNOWN = "unknown"
+UNKNOWN = UNKNOWN_INVOCATION  # the id of an event that names none
 
 Failed = Callable[..., ActorSummary]  # failed(reason, billed_ms=None) -> a failed summary
 

@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from nitro.actors.events import ActorEvent, ActorSummary
+from nitro.actors.events import UNKNOWN_INVOCATION, ActorEvent, ActorSummary, event_payload
 from nitro.actors.lambda_answer import one_line
 from nitro.actors.local import DEFAULT_ACTOR_FN
 from nitro.actors.ray_cluster import RaySession
@@ -46,7 +46,7 @@ from nitro.config_backend import RayConfig
 
 log = logging.getLogger(__name__)
 
-UNKNOWN = "unknown"
+UNKNOWN = UNKNOWN_INVOCATION  # the id of an event that names none
 SLOT_POLL_S = 1.0  # a caller waiting for a slot looks again this often (the cluster may have grown)
 GET_TIMEOUT_S = 30.0  # reading a finished task's few-kB answer
 
@@ -114,15 +114,7 @@ class RayActorBackend:
     # -- one invocation ----------------------------------------------------------------------
 
     def _payload(self, event: ActorEvent | dict[str, Any]) -> tuple[str, bytes | ActorSummary]:
-        """(invocation id, JSON payload), or the failed summary of an event that is not JSON."""
-        if isinstance(event, ActorEvent):
-            return event.invocation_id, event.model_dump_json().encode()
-        raw = event.get("invocation_id") if isinstance(event, dict) else None
-        inv = raw if isinstance(raw, str) and raw else UNKNOWN
-        try:
-            return inv, json.dumps(event).encode()
-        except (TypeError, ValueError) as exc:
-            return inv, ActorSummary.failed(inv, f"event is not JSON-serialisable: {exc}", memory_mb=self.memory_mb)
+        return event_payload(event, self.memory_mb)
 
     def _claim(self, inv: str) -> tuple[Future, bool]:
         """The future of ``inv``'s summary, and whether the caller must run the invocation."""
