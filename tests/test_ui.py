@@ -197,11 +197,14 @@ def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page):
     overrides.locator("input, textarea").last.fill("eval.episodes=2")
     _shot(page, "prefect-2-custom-run-form")
     page.get_by_role("button", name="Submit").click()
-    # Prefect 3.8 goes back to the deployment's Runs tab after Submit; the new run is listed there
-    page.wait_for_url(re.compile(r"/deployments/deployment/[0-9a-f-]{36}\?tab=Runs"))
+    # The submitted run, as the API has it: on a loaded machine the UI's own round trip (create,
+    # then back to the deployment's Runs tab) can take longer than a page wait's default.
     with httpx.Client(base_url=stack.api, timeout=30) as client:
-        [submitted] = client.post("/flow_runs/filter", json={
-            "deployments": {"id": {"any_": [stack.deployment_id]}}}).json()
+        [submitted] = wait_until(lambda: client.post("/flow_runs/filter", json={
+            "deployments": {"id": {"any_": [stack.deployment_id]}}}).json(), 180, "the submitted flow run",
+            stack.worker_log, every_s=1)
+    # Prefect goes back to the deployment's Runs tab after Submit; the new run is listed there
+    page.wait_for_url(re.compile(r"/deployments/deployment/[0-9a-f-]{36}\?tab=Runs"), timeout=180_000)
     flow_run_id = submitted["id"]
     page.get_by_role("link", name=submitted["name"]).first.click()
     page.wait_for_url(re.compile(rf"/runs/flow-run/{flow_run_id}"))
