@@ -103,17 +103,22 @@ class Watcher:
         self.proc.join(timeout=10)
 
 
-def one_round(backend, cache, watcher: Watcher, redis_url: str, run_id: str, round_idx: int, n: int,
-              pids: dict[str, int]) -> dict:
+def round_events(cache, redis_url: str, run_id: str, round_idx: int, n: int) -> list:
+    """A round's ``n`` invocations of the simulated actor, as the engine plans them."""
     from nitro.actors.events import ActorEvent
 
+    return [ActorEvent(run_id=run_id, round=round_idx, invocation_id=f"{run_id}-r{round_idx:05d}-{i:04d}",
+                       weights_key=cache.weights_key(round_idx), env_id="Hopper-v5", seed=i, n_steps=512,
+                       cache_url=redis_url) for i in range(n)]
+
+
+def one_round(backend, cache, watcher: Watcher, redis_url: str, run_id: str, round_idx: int, n: int,
+              pids: dict[str, int]) -> dict:
     watcher.start(cache.done_key(round_idx), n, timeout_s=120)
     cpu_before = {name: tree_cpu_s(pid) for name, pid in pids.items()}
     cpu0 = time.process_time()
     t0 = time.monotonic()  # the scaling decision is made: N actors
-    events = [ActorEvent(run_id=run_id, round=round_idx, invocation_id=f"{run_id}-r{round_idx:05d}-{i:04d}",
-                         weights_key=cache.weights_key(round_idx), env_id="Hopper-v5", seed=i, n_steps=512,
-                         cache_url=redis_url) for i in range(n)]
+    events = round_events(cache, redis_url, run_id, round_idx, n)
     summaries = backend.invoke_many(events)
     t_return = time.monotonic() - t0
     cpu = time.process_time() - cpu0
@@ -172,14 +177,10 @@ def run_size(invoker: str, n: int, rounds: int, url: str, cache, watcher, redis_
 def pooled_round(backend, cache, watcher: Watcher, redis_url: str, run_id: str, round_idx: int, n: int) -> dict:
     """One round on a process backend: t0 = the decision; ``invoke_many``; the watcher notes the
     N-th batch in Redis."""
-    from nitro.actors.events import ActorEvent
-
     watcher.start(cache.done_key(round_idx), n, timeout_s=600)
     cpu0 = time.process_time()
     t0 = time.monotonic()
-    events = [ActorEvent(run_id=run_id, round=round_idx, invocation_id=f"{run_id}-r{round_idx:05d}-{i:04d}",
-                         weights_key=cache.weights_key(round_idx), env_id="Hopper-v5", seed=i, n_steps=512,
-                         cache_url=redis_url) for i in range(n)]
+    events = round_events(cache, redis_url, run_id, round_idx, n)
     summaries = backend.invoke_many(events)
     t_return = time.monotonic() - t0
     cpu = time.process_time() - cpu0

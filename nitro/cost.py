@@ -303,10 +303,6 @@ class CostLedger:
     def remaining(self, budget_usd: float | Decimal | None) -> Decimal | None:
         return None if budget_usd is None else D(budget_usd) - self.spent
 
-    def remaining_usd(self, budget_usd: float | Decimal | None) -> float | None:
-        remaining = self.remaining(budget_usd)
-        return None if remaining is None else float(remaining)
-
     def billed_attempts(self) -> set[str]:
         """The dead attempts whose invocations are already billed."""
         return {r.attempt for r in self.rounds if r.interrupted}

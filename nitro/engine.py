@@ -37,7 +37,7 @@ from nitro.cost import ledger_from_config
 from nitro.detector import Detection, detect_on_batch
 from nitro.envs import env_spec
 from nitro.interrupted import bill_interrupted_round
-from nitro.invocations import eval_invocations, plan_invocations
+from nitro.invocations import eval_invocations, evaluation_invocations, plan_invocations
 from nitro.learners import Learner, OffPolicyLearner, Progress, UpdateResult, make_learner
 from nitro.metrics import EVAL_MODES, round_metrics, timed_round
 from nitro.behaviour import BehaviourPolicies
@@ -253,20 +253,21 @@ class TrainingRun:
         """How many actors this round gets: the scaler's wish, capped by the remaining budget.
         ``update``: what this round trained on before deciding (empty off-policy); ``started``:
         the ``time.perf_counter()`` at which the round began (the budget bills from there)."""
+        remaining = self.ledger.remaining(self.config.budget_usd)
         signal = round_signal(detection.R if detection is not None else None, update.diagnostics, update.grad_noise_scale,
-                              update.seconds, self.history, self.ledger.spent_usd, self.ledger.remaining_usd(self.config.budget_usd))
+                              update.seconds, self.history, self.ledger.spent_usd,
+                              float(remaining) if remaining is not None else None)
         wanted = int(self.scaler.decide(k, signal))  # always asked: a scaler with a window keeps it
         reason = self.config.scaler.name
         if k in self.config.scaler.actors_at:
             wanted, reason = self.config.scaler.actors_at[k], f"actors_at[{k}]"
         n, final_evaluation = wanted, False
-        remaining = self.ledger.remaining(self.config.budget_usd)
         if remaining is not None:
             now = time.perf_counter()
             elapsed = now - started
             if update.samples and not self.config.learns_while_acting:
                 self.bound.observe(elapsed, update.samples)
-            reserve = final_eval_reserve(self.ledger, self.bound, self._final_eval_invocations())
+            reserve = final_eval_reserve(self.ledger, self.bound, evaluation_invocations(self.config))
             cap = cap_by_budget(self.ledger, self.bound, wanted=wanted, affordable=remaining - reserve,
                                 elapsed_s=elapsed, eval_invocations=eval_invocations(self.config, k),
                                 steps_per_actor=self.config.steps_per_actor)
@@ -282,13 +283,10 @@ class TrainingRun:
                 reason = f"budget spent: a final evaluation (${float(remaining):.4f} left)"
         started_vms = 0
         if self.ledger.vm is not None:  # the decision sizes the actors' instances (nitro.vm)
-            evals = self._final_eval_invocations() if final_evaluation else eval_invocations(self.config, k) if n else 0
+            evals = eval_invocations(self.config, k, final_evaluation) if n or final_evaluation else 0
             started_vms = self.ledger.vm.scale(k, n, n + evals, time.perf_counter() - started).started
         return Decision(n_actors=n, wanted=wanted, reason=reason, score=self.scaler.last.get("score"),
                         final_evaluation=final_evaluation, instances_started=started_vms)
-
-    def _final_eval_invocations(self) -> int:
-        return len(EVAL_MODES) * self.config.eval.episodes if self.config.eval.every_rounds > 0 else 0
 
     # -- the actors ----------------------------------------------------------------------
 

@@ -26,9 +26,14 @@ def is_eval_round(config: NitroConfig, k: int, final_evaluation: bool = False) -
     return every > 0 and (k % every == 0 or k == config.rounds - 1 or final_evaluation)
 
 
-def eval_invocations(config: NitroConfig, k: int) -> int:
-    """The evaluation invocations of round k: each evaluation episode, in both modes."""
-    return len(EVAL_MODES) * config.eval.episodes if is_eval_round(config, k) else 0
+def evaluation_invocations(config: NitroConfig) -> int:
+    """The invocations of one evaluation: each evaluation episode, in both modes (0: evaluation off)."""
+    return len(EVAL_MODES) * config.eval.episodes if config.eval.every_rounds > 0 else 0
+
+
+def eval_invocations(config: NitroConfig, k: int, final_evaluation: bool = False) -> int:
+    """The evaluation invocations of round k (``is_eval_round``)."""
+    return evaluation_invocations(config) if is_eval_round(config, k, final_evaluation) else 0
 
 
 def plan_invocations(config: NitroConfig, spec: EnvSpec, *, run_id: str, k: int, n_actors: int,

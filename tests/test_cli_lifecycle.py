@@ -92,6 +92,23 @@ def _descendants(proc: subprocess.Popen) -> list[psutil.Process]:
     return psutil.Process(proc.pid).children(recursive=True)
 
 
+def _kill_mid_round_1(proc: subprocess.Popen, home: Path, run_id: str, grace_s: float) -> str:
+    """SIGKILL a `nitro train` while round 1's invocations are in flight (they are recorded just
+    before they are invoked), assert that every process it started dies within ``grace_s``, and
+    return their names as they were before the kill."""
+    try:
+        _wait_for(lambda: _inflight_round(home, run_id) == 1, proc, "round 1's invocations")
+        started = _descendants(proc)
+        names = _names(started)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(started, timeout=grace_s)
+        assert not alive, f"still running after the CLI was killed: {_names(alive)}"
+        return names
+    finally:
+        _kill_tree(proc)
+
+
 def _names(procs: list[psutil.Process]) -> str:
     out = []
     for p in procs:
@@ -132,19 +149,8 @@ def test_train_says_where_the_run_is_and_runs_lists_it(tmp_path):
 
 def test_sigkill_mid_round_leaves_nothing_behind_and_resume_bills_the_round(tmp_path):
     home, run_id = tmp_path / "home", "killed"
-    proc = _nitro(tmp_path, "train", "--run-id", run_id, *_config(home))
-    try:
-        # Round 1's invocations are recorded just before they are invoked: kill in the middle of it.
-        _wait_for(lambda: _inflight_round(home, run_id) == 1, proc, "round 1's invocations")
-        started = _descendants(proc)
-        names = _names(started)
-        assert "redis-server" in names and "uvicorn" in names and "nitro.actors.local" in names, names
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-        _, alive = psutil.wait_procs(started, timeout=10)
-        assert not alive, f"still running after the CLI was killed: {_names(alive)}"
-    finally:
-        _kill_tree(proc)
+    names = _kill_mid_round_1(_nitro(tmp_path, "train", "--run-id", run_id, *_config(home)), home, run_id, grace_s=10)
+    assert "redis-server" in names and "uvicorn" in names and "nitro.actors.local" in names, names
     killed_round = _inflight_round(home, run_id)
     assert killed_round == 1 and not (checkpoint_dir(home, run_id) / "round-00001").exists()
 

@@ -12,6 +12,7 @@ import pytest
 
 from nitro.actors.events import ActorEvent, invocation_id
 from nitro.actors.local import LocalActorPool
+from tests.support.servers import becomes_true
 
 HELPER = "tests.support.actor_helpers:scripted"
 
@@ -21,15 +22,6 @@ def _event(i: int, seed: int = 0, n_steps: int = 10, round_idx: int = 0) -> Acto
         run_id="pool", round=round_idx, invocation_id=invocation_id("pool", round_idx, i), weights_key="k",
         env_id="Hopper-v5", seed=seed, n_steps=n_steps, cache_url="redis://127.0.0.1:1/0",
     )
-
-
-def _wait(cond, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def _gone(pids) -> bool:
@@ -67,7 +59,7 @@ def test_crashed_worker_is_reported_and_replaced(pool, seed, reason):
     assert time.monotonic() - t0 < 2.0
     assert not s.ok and reason in s.error and "replaced" in s.error
     assert s.memory_mb == 512 and s.billed_ms >= 1
-    assert _wait(lambda: len(pool.pids) == 2 and set(pool.pids) != before)
+    assert becomes_true(lambda: len(pool.pids) == 2 and set(pool.pids) != before)
     assert len(set(pool.pids) & before) == 1
     assert all(x.ok for x in pool.invoke_many([_event(i) for i in range(4)]))
 
@@ -80,7 +72,7 @@ def test_hung_worker_times_out_and_is_replaced(pool):
     assert 2.0 <= elapsed < 4.0
     assert not s.ok and "timed out after 2s" in s.error
     assert s.duration_s >= 2.0 and s.billed_ms >= 2000
-    assert _wait(lambda: len(pool.pids) == 2 and set(pool.pids) != before)
+    assert becomes_true(lambda: len(pool.pids) == 2 and set(pool.pids) != before)
     assert pool.invoke(_event(4)).ok
 
 
@@ -107,7 +99,7 @@ def test_mixed_failures_under_concurrency_never_hang(pool):
     summaries = pool.invoke_many(events)
     assert [s.invocation_id for s in summaries] == [e.invocation_id for e in events]
     assert sum(not s.ok for s in summaries) == 2
-    assert _wait(lambda: len(pool.pids) == 2)
+    assert becomes_true(lambda: len(pool.pids) == 2)
 
 
 def test_pool_closes_cleanly_without_orphans():
@@ -117,7 +109,7 @@ def test_pool_closes_cleanly_without_orphans():
     assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
     assert pool.invoke(_event(0)).ok
     pool.close()
-    assert _wait(lambda: _gone(pids), 5.0)
+    assert becomes_true(lambda: _gone(pids), 5.0)
     assert {p.pid for p in mp.active_children()} <= before
     # closed: an invoke fails fast instead of hanging, and close is idempotent
     s = pool.invoke(_event(1))
@@ -137,7 +129,7 @@ def test_close_while_busy_returns_a_failed_summary():
     t.join(10)
     assert time.monotonic() - t0 < 10 and not t.is_alive()
     assert not out[0].ok and "closed" in out[0].error
-    assert _wait(lambda: _gone(pids), 5.0)
+    assert becomes_true(lambda: _gone(pids), 5.0)
 
 
 def test_bad_actor_fn_fails_at_start_with_the_reason():

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import psutil
 import pytest
@@ -23,6 +22,7 @@ import pytest
 from nitro.actors.events import ActorEvent, invocation_id
 from nitro.actors.ray_ import RayActorBackend, failure_reason
 from nitro.config_backend import RayConfig
+from tests.support.servers import becomes_true
 
 ray = pytest.importorskip("ray")
 
@@ -34,15 +34,6 @@ pytestmark = pytest.mark.timeout(300)
 def _event(i: int, seed: int = 0, n_steps: int = 10, round_idx: int = 0, run_id: str = "ray") -> ActorEvent:
     return ActorEvent(run_id=run_id, round=round_idx, invocation_id=invocation_id(run_id, round_idx, i), weights_key="k",
                       env_id="Hopper-v5", seed=seed, n_steps=n_steps, cache_url="redis://127.0.0.1:1/0")
-
-
-def _wait(cond, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def _pid_and_count(summary) -> tuple[int, int]:
@@ -109,7 +100,7 @@ def test_a_hung_actor_is_cut_at_its_timeout_and_its_cpu_is_free_again(backend):
         assert short.stats["timeouts"] == 1
     assert not s.ok and "timed out after 2s" in s.error and "cancelled with force" in s.error
     assert s.duration_s >= 2.0 and s.billed_ms >= 2000
-    assert _wait(lambda: _cpus_free() == 2.0), ray.available_resources()
+    assert becomes_true(lambda: _cpus_free() == 2.0), ray.available_resources()
     both = backend.invoke_many([_event(i, n_steps=20_000, run_id="hung-after") for i in range(2)])  # 0.2 s each
     assert all(x.ok for x in both), [x.error for x in both]
 
@@ -161,7 +152,7 @@ def test_close_while_busy_answers_with_a_failed_summary_and_frees_the_cpu(cluste
     out = []
     t = threading.Thread(target=lambda: out.append(b.invoke(_event(0, seed=3, run_id="busy"))))
     t.start()
-    assert _wait(lambda: b.stats["peak_in_flight"] == 1 and _cpus_free() < 2.0)
+    assert becomes_true(lambda: b.stats["peak_in_flight"] == 1 and _cpus_free() < 2.0)
     b.close()
     t.join(30)
     assert not t.is_alive() and not out[0].ok and "closed" in out[0].error
@@ -169,7 +160,7 @@ def test_close_while_busy_answers_with_a_failed_summary_and_frees_the_cpu(cluste
     assert not late.ok and "closed" in late.error
     b.close()  # idempotent
     assert ray.is_initialized()  # a Ray the backend joined is left running
-    assert _wait(lambda: _cpus_free() == 2.0), ray.available_resources()
+    assert becomes_true(lambda: _cpus_free() == 2.0), ray.available_resources()
 
 
 def test_failure_reasons_of_ray_errors_are_one_line():
@@ -223,7 +214,7 @@ def test_a_two_node_cluster_gets_invocations_on_both_nodes(cluster):
     node = cluster.add_node(num_cpus=2, include_dashboard=False)
     try:
         cluster.wait_for_nodes()
-        assert _wait(lambda: ray.cluster_resources().get("CPU") == 4.0)
+        assert becomes_true(lambda: ray.cluster_resources().get("CPU") == 4.0)
         with RayActorBackend(RayConfig(), timeout_s=60.0, memory_mb=256, actor_fn=WHERE) as b:
             assert b.capacity == 4
             summaries = b.invoke_many([_event(i, n_steps=1500, run_id="nodes") for i in range(8)])  # 1.5 s each

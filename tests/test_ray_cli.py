@@ -7,15 +7,13 @@ The helpers are tests/test_cli_lifecycle.py's; a test kills only what descends f
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
-import psutil
 import pytest
 
 from nitro.checkpoint import checkpoint_dir, load_checkpoint
-from tests.test_cli_lifecycle import (ROUNDS, _config, _descendants, _finish, _inflight_round, _kill_tree, _names,
-                                      _nitro, _one_mlflow_run_with_one_value_per_step, _wait_for)
+from tests.test_cli_lifecycle import (ROUNDS, _config, _finish, _inflight_round, _kill_mid_round_1, _nitro,
+                                      _one_mlflow_run_with_one_value_per_step)
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(600)
@@ -27,19 +25,11 @@ def _ray_config(home: Path) -> list[str]:
 
 def test_sigkill_of_a_ray_run_leaves_no_ray_process_and_the_run_resumes(tmp_path):
     home, run_id = tmp_path / "home", "ray-killed"
-    proc = _nitro(tmp_path, "train", "--run-id", run_id, *_ray_config(home))
-    try:
-        _wait_for(lambda: _inflight_round(home, run_id) == 1, proc, "round 1's invocations")
-        started = _descendants(proc)
-        names = _names(started)
-        assert "raylet" in names and "gcs_server" in names and "nitro.actors.ray_reaper" in names, names
-        assert "nitro.actors.local" not in names  # no local pool beside Ray
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-        _, alive = psutil.wait_procs(started, timeout=15)  # the reaper too, once it has ended Ray's agents
-        assert not alive, f"still running after the CLI was killed: {_names(alive)}"
-    finally:
-        _kill_tree(proc)
+    # the reaper gets 15 s: it ends Ray's agents before it ends itself
+    names = _kill_mid_round_1(_nitro(tmp_path, "train", "--run-id", run_id, *_ray_config(home)), home, run_id,
+                              grace_s=15)
+    assert "raylet" in names and "gcs_server" in names and "nitro.actors.ray_reaper" in names, names
+    assert "nitro.actors.local" not in names  # no local pool beside Ray
     assert _inflight_round(home, run_id) == 1 and not (checkpoint_dir(home, run_id) / "round-00001").exists()
 
     code, out, err = _finish(_nitro(tmp_path, "resume", run_id, "--home", str(home)))

@@ -74,6 +74,17 @@ def wait_until(check: Callable[[], object], timeout_s: float, what: str, log: Pa
         time.sleep(every_s)
 
 
+def becomes_true(check: Callable[[], object], timeout_s: float = 30.0) -> bool:
+    """Whether ``check`` returns something truthy within ``timeout_s`` (polled every 50 ms): for
+    assertions, where ``wait_until`` would fail the test itself."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return bool(check())
+
+
 def _healthy(url: str) -> bool:
     try:
         return httpx.get(url, timeout=2).status_code == 200
