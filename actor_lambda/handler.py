@@ -1,6 +1,7 @@
 """AWS Lambda entry point of a Nitro actor: ``actor_lambda.handler.handler``.
 
-It runs exactly what a local worker process runs, ``nitro.actors.worker.run_actor``: validate the
+It runs exactly what a local worker process runs, ``nitro.functions.run_function``: a learner
+function's gradient job (``kind: gradient``, ``nitro.stellaris.function``) or an actor's event. For an actor: validate the
 ``ActorEvent``, fetch the round's weights from Redis, ``rollout``, write the batch under the
 invocation id (SET NX, so a duplicate delivery is neither stored nor enqueued twice) and return
 the small ``ActorSummary`` as JSON.
@@ -32,6 +33,7 @@ os.environ.setdefault("MUJOCO_GL", "disable")  # nothing renders in an actor
 
 from nitro.actors.events import ActorEvent, ActorSummary  # noqa: E402
 from nitro.actors.worker import ActorState, run_actor  # noqa: E402
+from nitro.functions import run_function  # noqa: E402
 
 # Heavy imports (torch, gymnasium, the models) happen here, in Lambda's INIT phase, which runs
 # ahead of traffic under provisioned concurrency; the first invocation then only builds the env.
@@ -161,7 +163,7 @@ def handler(event: Any, context: Any = None) -> dict[str, Any]:
     if simulate is not None:
         summary = simulate_actor(event, simulate, memory)
     else:
-        summary = run_actor(event, STATE, memory_mb=memory)
+        summary = run_function(event, STATE, memory_mb=memory)
     return summary.model_dump(mode="json")
 
 

@@ -24,6 +24,7 @@ from tasks.bookkeeping import end_round
 from tasks.detection import detect_boosting
 from tasks.learner import learn_while_acting, update_policy
 from tasks.scaling import decide_actors, replay_while_instances_start
+from tasks.stellaris import apply_gradients, compute_gradient, plan_gradients
 
 
 @flow(name="nitro-round", flow_run_name="{run_id}-round-{k}", persist_result=False, validate_parameters=False)
@@ -69,3 +70,29 @@ async def asynchronous_round(run_id: str, k: int) -> RoundReport:
     update = learning.result()
 
     return end_round(run_id, k, update, detection, decision, summaries, actor_s, time.perf_counter() - started)
+
+
+@flow(name="nitro-round-stellaris", flow_run_name="{run_id}-round-{k}", persist_result=False, validate_parameters=False)
+async def stellaris_round(run_id: str, k: int) -> RoundReport:
+    """Stellaris: the actors and the learner functions run side by side. Each gradient job starts
+    as soon as its batch has landed and its snapshot is published; the parameter server applies
+    the gradients as they land and publishes new versions, which later jobs compute against. The
+    graph shows the actor and gradient tasks mapped beside the parameter server."""
+    started = time.perf_counter()
+    detection = detect_boosting(run_id, k, LatestUpdate())
+    decision = decide_actors(run_id, k, detection, UpdateReport(), started)
+
+    weights_key = publish_weights(run_id, k)
+    events = plan_invocations(run_id, k, decision, weights_key)
+    plan = plan_gradients(run_id, k, events, weights_key)
+    acting = time.perf_counter()
+    server = apply_gradients.submit(run_id, k, plan)
+    launch_actors(run_id, events)
+    actor_runs = invoke_actor.map(unmapped(run_id), events)
+    gradient_runs = compute_gradient.map(unmapped(run_id), plan.jobs)
+    summaries = collect_summaries(events, actor_runs)
+    functions = collect_summaries(plan.jobs, gradient_runs)
+    update = server.result()
+    actor_s = time.perf_counter() - acting
+
+    return end_round(run_id, k, update, detection, decision, summaries, actor_s, time.perf_counter() - started, functions)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -20,7 +21,7 @@ from prefect.context import SyncClientContext
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
-from flows.round import asynchronous_round, training_round
+from flows.round import asynchronous_round, stellaris_round, training_round
 from nitro.checkpoint import run_dir
 from nitro.config import NitroConfig, ScalerName
 from nitro.envs import PAPER_ENVS
@@ -124,8 +125,13 @@ def _send_round_lines_to_prefect() -> None:
 
 async def run_training(config: NitroConfig, run_id: str) -> RunResult:
     """The loop over rounds, shared by the deployment's flow and ``nitro train|resume``."""
-    round_flow = (asynchronous_round if config.learns_while_acting else training_round).with_options(
-        task_runner=ThreadPoolTaskRunner(max_workers=max(config.scaler.i_max, config.scaler.fixed_actors) + 4))
+    round_flow = (stellaris_round if config.learner.mode == "stellaris" else
+                  asynchronous_round if config.learns_while_acting else training_round)
+    actors = max(config.scaler.i_max, config.scaler.fixed_actors)
+    # Stellaris: a gradient job's task waits for its batch and snapshot, so the learner functions
+    # get threads of their own beside the actors'
+    functions = math.ceil(config.learner.functions_per_actor * actors) if config.learner.mode == "stellaris" else 0
+    round_flow = round_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=actors + functions + 4))
     # One Prefect API client for every task of the run: without it, each task run builds its own
     # client, SSL context included (~20 ms of CPU each; bench/orchestration_overhead.py).
     with open_run(config, run_id) as ctx, SyncClientContext.get_or_create():

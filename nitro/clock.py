@@ -12,6 +12,10 @@ the round it would have had if the round's invocations had run at once on Lambda
                 + max(actor durations)              the slowest invocation's own duration
                 + cold_start_s  (if cold)           new function instances start first
 
+With Stellaris's learner functions (``learning_s``: their part of the round, the gradient schedule
+replayed with the measured durations, counted from the actors' start) the acting term is the later
+of the actors' last answer and the last gradient's application: the two overlap.
+
 A round is *cold* when it invokes more functions than any earlier round of the run: Lambda keeps
 an idle instance for minutes, and rounds are seconds apart, so earlier peaks stay warm and only
 the instances beyond them start cold (all at once, so the allowance is paid once per round). The
@@ -31,14 +35,15 @@ from nitro.config import ClockConfig
 
 
 def lambda_round_s(round_s: float, actor_s: float, actor_durations_s: Sequence[float], cold: bool,
-                   dispatch_s_per_invocation: float, invoke_s: float, cold_start_s: float) -> float:
+                   dispatch_s_per_invocation: float, invoke_s: float, cold_start_s: float,
+                   learning_s: float = 0.0) -> float:
     """Round seconds had its invocations run at once on Lambda (see the module docstring)."""
     learner_side = max(0.0, round_s - actor_s)
     n = len(actor_durations_s)
     if not n:
-        return learner_side
-    return learner_side + n * dispatch_s_per_invocation + invoke_s + max(actor_durations_s) + \
-        (cold_start_s if cold else 0.0)
+        return learner_side + learning_s
+    acting = n * dispatch_s_per_invocation + invoke_s + max(actor_durations_s) + (cold_start_s if cold else 0.0)
+    return learner_side + max(acting, learning_s)
 
 
 @dataclass
@@ -53,13 +58,14 @@ class RoundClock:
     def projected(self) -> bool:
         return self.config.kind == "lambda"
 
-    def round(self, round_s: float, actor_s: float, actor_durations_s: Sequence[float]) -> tuple[float, float]:
+    def round(self, round_s: float, actor_s: float, actor_durations_s: Sequence[float],
+              learning_s: float = 0.0) -> tuple[float, float]:
         """(the seconds billed to the learner, the Lambda-projected seconds) of one round; updates
-        the warm instances."""
+        the warm instances. ``learning_s``: the learner functions' part (module docstring)."""
         c, n = self.config, len(actor_durations_s)
         cold = n > self.warm_instances
         projected = lambda_round_s(round_s, actor_s, actor_durations_s, cold, c.dispatch_s_per_invocation,
-                                   c.invoke_s, c.cold_start_s)
+                                   c.invoke_s, c.cold_start_s, learning_s)
         self.warm_instances = max(self.warm_instances, n)
         return (projected if self.projected else round_s), projected
 

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from nitro.config_backend import BackendConfig, LambdaConfig, RayConfig, Section as _Section
+from nitro.config_learner import LearnerConfig
 from nitro.envs import UnknownEnvError, check_env_id
 from nitro.minionsrl.config import MinionsRLConfig
 
@@ -291,6 +292,7 @@ class NitroConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     impact: ImpactConfig = Field(default_factory=ImpactConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
     scaler: ScalerConfig = Field(default_factory=ScalerConfig)
     detector: DetectorConfig = Field(default_factory=DetectorConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -334,10 +336,21 @@ class NitroConfig(_Section):
 
     # -- loading ---------------------------------------------------------------------------
 
+    @model_validator(mode="after")
+    def _stellaris_trains_ppo(self) -> "NitroConfig":
+        if self.learner.mode == "stellaris" and self.algo != "ppo":
+            raise ValueError("learner.mode: stellaris computes PPO gradients; set algo=ppo (IMPACT learns while "
+                             "acting already, and its replay has no place in a function that sees one slice)")
+        if self.learner.mode == "stellaris" and self.backend.pricing == "vm":
+            raise ValueError("learner.mode: stellaris bills its learner functions as Lambda; backend.pricing=vm "
+                             "has no learner functions")
+        return self
+
     @property
     def learns_while_acting(self) -> bool:
-        """The round updates the policy while its actors run (off-policy IMPACT, asynchronous)."""
-        return self.algo == "impact" and self.impact.asynchronous
+        """The round updates the policy while its actors run (off-policy IMPACT, asynchronous, or
+        Stellaris's learner functions)."""
+        return (self.algo == "impact" and self.impact.asynchronous) or self.learner.mode == "stellaris"
 
     @classmethod
     def load(cls, data: dict[str, Any] | None = None, overrides: list[str] | None = None) -> "NitroConfig":

@@ -367,8 +367,11 @@ def ledger_from_config(cfg: Any) -> CostLedger:
     timeout cap from ``cfg.backend``; actors off Lambda (``local``, ``ray``) are priced as Lambda."""
     b = cfg.backend
     timeout_s = b.lambda_.function_timeout_s if b.kind == "lambda" else b.timeout_s
+    prices = cfg.prices
+    if cfg.learner.mode == "stellaris":  # the learner process is a parameter server on its own, smaller instance
+        prices = prices.model_copy(update={"learner_per_hour": cfg.learner.server_per_hour})
     return CostLedger(
-        prices=cfg.prices,
+        prices=prices,
         memory_mb=b.memory_mb,
         architecture=b.lambda_.architecture,
         provisioned_concurrency=b.lambda_.provisioned_concurrency if b.kind == "lambda" else 0,

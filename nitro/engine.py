@@ -43,14 +43,13 @@ from nitro.metrics import EVAL_MODES, round_metrics, timed_round
 from nitro.behaviour import BehaviourPolicies
 from nitro.scalers import make_scaler, round_signal
 from nitro.serialization import dumps_tensors, loads_tensors
+from nitro.stellaris.round import GradientPlan, StellarisLearning
+from nitro.stopping import STOP_BUDGET, STOP_ROUNDS, STOP_TARGET, stop_reason  # noqa: F401 (the run's stop reasons)
 from nitro.validation import BatchError, batch_version, bounds_for, decode_batch_meta
 from nitro.vm import make_round_clock
 
 log = logging.getLogger("nitro")
 
-STOP_ROUNDS = "round_limit"
-STOP_TARGET = "target_reward"
-STOP_BUDGET = "budget_spent"
 MAX_FAILED_UPDATES = 3  # updates in a row that took no step (non-finite losses): the run stops
 
 
@@ -70,6 +69,7 @@ class UpdateReport:
     seconds: float = 0.0
     grad_noise_scale: float | None = None  # None: no update measured it this round
     diagnostics: dict[str, float] = field(default_factory=dict)  # the learner's, by name
+    projected_s: float = 0.0  # Stellaris: the learner functions' part of the round on the Lambda clock
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,8 @@ class TrainingRun:
         self.bounds = bounds_for(self.spec, config.door)
         self.behaviour = BehaviourPolicies(self.spec, config.model.architecture(), atol=config.door.logp_atol,
                                            rtol=config.door.logp_rtol)
+        self.stellaris = (StellarisLearning(config, self.learner, cache, run_id, self.behaviour, self.bounds)  # type: ignore[arg-type]
+                          if config.learner.mode == "stellaris" else None)
         self.scaler = make_scaler(config.scaler, seed=config.seed, steps_per_actor=config.steps_per_actor)
         self.ledger = ledger_from_config(config)
         self.next_round = 0
@@ -231,6 +233,27 @@ class TrainingRun:
                 report.corrupt_reasons[inv_id] = str(exc)
         return batches
 
+    # -- Stellaris: learner functions and the parameter server (nitro.stellaris) --------------
+
+    def plan_gradients(self, k: int, events: list[ActorEvent], weights_key: str) -> GradientPlan:
+        assert self.stellaris is not None, "plan_gradients needs learner.mode=stellaris"
+        return self.stellaris.plan(k, events, weights_key, self.actor_cache_url, self.actor_credentials)
+
+    def serve_gradients(self, k: int, plan: GradientPlan) -> UpdateReport:
+        """Apply the round's gradients as the schedule lands them (``StellarisLearning.serve``)."""
+        assert self.stellaris is not None, "serve_gradients needs learner.mode=stellaris"
+        served = self.stellaris.serve(k, plan)
+        batches = list(served.batches.values())
+        corrupt = {**served.corrupt, **served.lost}
+        summaries = {inv: ActorSummary.model_validate_json(raw) for inv, raw in self.cache.get_summaries(
+            k, [j.actor_id for j in plan.jobs] + [j.invocation_id for j in plan.jobs]).items()}
+        projected = self.stellaris.projected_update_s(plan, summaries, summaries, self.config.clock.invoke_s,
+                                                     served.busy_s / max(len(plan.jobs), 1))
+        return UpdateReport(samples=int(sum(len(b["rewards"]) for b in batches)), batches=len(batches),
+                            missing=sorted(served.missing), corrupt=sorted(served.corrupt), corrupt_reasons=corrupt,
+                            seconds=served.busy_s, diagnostics=served.metrics | {"stellaris_projected_s": projected},
+                            projected_s=projected)
+
     # -- boosting detection --------------------------------------------------------------
 
     def detect_boosting(self, k: int, update: UpdateReport | LatestUpdate) -> Detection | None:
@@ -320,9 +343,11 @@ class TrainingRun:
     # -- the end of a round --------------------------------------------------------------
 
     def end_round(self, k: int, update: UpdateReport, detection: Detection | None, decision: Decision,
-                  summaries: list[ActorSummary], actor_s: float, elapsed_s: float) -> RoundReport:
-        """Charge the round (``elapsed_s``: its wall time so far, billed to the learner), compute
-        its metrics and decide whether the run goes on."""
+                  summaries: list[ActorSummary], actor_s: float, elapsed_s: float,
+                  functions: list[ActorSummary] | None = None) -> RoundReport:
+        """Charge the round (``elapsed_s``: its wall time so far, billed to the learner; ``functions``:
+        the learner functions' summaries, billed like actors), compute its metrics and decide
+        whether the run goes on."""
         seen: set[str] = set()
         unique = sorted((s for s in summaries if not (s.invocation_id in seen or seen.add(s.invocation_id))),
                         key=lambda s: s.invocation_id)
@@ -333,10 +358,11 @@ class TrainingRun:
         ok = [s for s in train if s.ok]
         steps = sum(s.steps for s in ok)
         self.env_steps_total += steps
-        billed_s, lambda_s = self.clock.round(elapsed_s, actor_s, [s.duration_s for s in unique])
+        billed_s, lambda_s = self.clock.round(elapsed_s, actor_s, [s.duration_s for s in unique], update.projected_s)
+        functions = functions or []
         cost = self.ledger.charge_round(
             k, learner_seconds=billed_s,
-            actor_billed_ms=[s.billed_ms for s in unique], n_requests=len(unique),
+            actor_billed_ms=[s.billed_ms for s in unique + functions], n_requests=len(unique) + len(functions),
             provisioned_seconds=billed_s,
         )
         metrics = round_metrics(
@@ -396,6 +422,7 @@ class TrainingRun:
             "learner": dict(zip(("tensors", "meta"), self.learner.state_dict())),
             "scaler": self.scaler.state_dict(),
             "ledger": self.ledger.state_dict(),
+            "stellaris": self.stellaris.state_dict() if self.stellaris is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -416,19 +443,5 @@ class TrainingRun:
             self.behaviour.remember(self.next_round - 1, self.learner.weights())
         self.scaler.load_state_dict(state["scaler"])
         self.ledger.load_state_dict(state["ledger"])
-
-
-def stop_reason(config: NitroConfig, metrics: Mapping[str, float], next_round: int, n_actors: int) -> str | None:
-    """Why the run stops after a round with these metrics (None: it goes on). The target is
-    judged on the evaluation return, or on the training return when evaluation is off; a budget
-    stop is a round the budget could not pay any actor for."""
-    key = "eval_return_mean" if config.eval.every_rounds > 0 else "train_return_mean"
-    ret = metrics.get(key, math.nan)
-    if config.target_reward is not None and ret is not None and not math.isnan(ret) and ret >= config.target_reward:
-        return STOP_TARGET
-    if config.budget_usd is not None and n_actors == 0:
-        return STOP_BUDGET
-    if next_round >= config.rounds:
-        return STOP_ROUNDS
-    return None
-
+        if self.stellaris is not None and state.get("stellaris"):
+            self.stellaris.load_state_dict(state["stellaris"])

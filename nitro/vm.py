@@ -183,8 +183,10 @@ class VmRoundClock:
     def projected(self) -> bool:
         return self.config.kind == "lambda"
 
-    def round(self, round_s: float, actor_s: float, actor_durations_s: Sequence[float]) -> tuple[float, float]:
-        """(the seconds billed to the learner, the fleet-projected seconds) of one round."""
+    def round(self, round_s: float, actor_s: float, actor_durations_s: Sequence[float],
+              learning_s: float = 0.0) -> tuple[float, float]:
+        """(the seconds billed to the learner, the fleet-projected seconds) of one round (learner
+        functions do not run on VMs: ``learning_s`` is always 0 here)."""
         change, fleet = self.fleet.change, self.fleet
         wait = change.idle_wait_s if change is not None else 0.0
         capacity = (change.instances if change is not None else fleet.running) * fleet.vcpus

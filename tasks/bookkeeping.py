@@ -41,8 +41,9 @@ UNFINISHED = [StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED, StateTy
 
 @task(name="end-round", cache_policy=NO_CACHE)
 def end_round(run_id: str, k: int, update: UpdateReport, detection: Detection | None, decision: Decision,
-              summaries: list[ActorSummary], actor_s: float, elapsed_s: float) -> RoundReport:
-    return get_run(run_id).training.end_round(k, update, detection, decision, summaries, actor_s, elapsed_s)
+              summaries: list[ActorSummary], actor_s: float, elapsed_s: float,
+              functions: list[ActorSummary] | None = None) -> RoundReport:
+    return get_run(run_id).training.end_round(k, update, detection, decision, summaries, actor_s, elapsed_s, functions)
 
 
 @task(name="record-round", cache_policy=NO_CACHE)

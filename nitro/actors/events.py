@@ -103,8 +103,8 @@ UNKNOWN_INVOCATION = "unknown"  # the id of an event that names none
 def event_payload(event: ActorEvent | dict[str, Any], memory_mb: int) -> tuple[str, bytes | ActorSummary]:
     """(invocation id, the event as JSON bytes), or the failed summary of an event that is not JSON:
     what a backend sends to its function, whatever the caller handed it."""
-    if isinstance(event, ActorEvent):
-        return event.invocation_id, event.model_dump_json().encode()
+    if isinstance(event, BaseModel):  # an ActorEvent or a learner function's GradientJob
+        return str(getattr(event, "invocation_id")), event.model_dump_json().encode()
     raw = event.get("invocation_id") if isinstance(event, dict) else None
     inv = raw if isinstance(raw, str) and raw else UNKNOWN_INVOCATION
     try:

@@ -32,12 +32,14 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
+from pydantic import BaseModel
+
 from nitro.actors.events import ActorEvent, ActorSummary
 from nitro.actors.local_process import THREAD_ENV
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ACTOR_FN = "nitro.actors.worker:run_actor"
+DEFAULT_ACTOR_FN = "nitro.functions:run_function"  # actors and learner functions
 
 
 class PoolClosedError(RuntimeError):
@@ -272,7 +274,7 @@ class LocalActorPool:
 
     def invoke(self, event: ActorEvent | dict[str, Any]) -> ActorSummary:
         """Run one invocation on a free warm worker; blocks, never raises for a failed actor."""
-        if isinstance(event, ActorEvent):
+        if isinstance(event, BaseModel):  # an ActorEvent or a GradientJob
             payload = event.model_dump(mode="json")
         else:
             payload = dict(event)

@@ -65,6 +65,7 @@ class ActorState:
     weights_key: str | None = None
     weights: dict[str, np.ndarray] | None = None
     weights_meta: dict[str, str] = field(default_factory=dict)
+    snapshots: dict[str, Any] = field(default_factory=dict)  # learner functions: snapshot key -> decoded networks
     invocations: int = 0
 
     def redis_client(self, url: str, password: str | None):

@@ -1,0 +1,115 @@
+"""The learner function: ``run_gradient(job, state) -> ActorSummary``, the sibling of ``run_actor``.
+
+It reads the job's snapshot, the behaviour policy, the live versions and the batch from the cache,
+computes the slice's gradient (``nitro.stellaris.gradient``) and writes it under the job's
+gradient key (SET NX with the cache's TTL: a second delivery never overwrites the first answer).
+Its summary is the actors' summary (``steps``: the slice's samples; ``batch_key``: the gradient's
+key), so every backend runs it, bills it and reports its failure the same way. It never raises.
+Snapshots stay decoded in the warm state: the next job at the same version loads nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from nitro.actors.events import ActorSummary
+from nitro.actors.worker import ActorState, _error_line, _memory_mb
+from nitro.config import validation_message
+
+SNAPSHOTS_KEPT = 8  # the live versions of a round, with room to spare
+
+
+def _snapshot(state: ActorState, cache: Any, key: str, spec: Any) -> Any:
+    from nitro.stellaris.wire import load_snapshot
+
+    if key not in state.snapshots:
+        while len(state.snapshots) >= SNAPSHOTS_KEPT:
+            state.snapshots.pop(next(iter(state.snapshots)))
+        state.snapshots[key] = load_snapshot(cache.fetch_weights(key), spec)
+    return state.snapshots[key]
+
+
+def _behaviour_policy(cache: Any, key: str, spec: Any) -> Any:
+    from nitro.actors.worker import WEIGHTS_FORMAT
+    from nitro.models import Architecture, build_policy
+    from nitro.serialization import loads_tensors
+
+    import torch
+
+    arrays, meta = loads_tensors(cache.fetch_weights(key), expect_format=WEIGHTS_FORMAT)
+    policy = build_policy(spec, arch=Architecture.from_meta(meta.get("arch")))
+    policy.load_state_dict({k: torch.as_tensor(v) for k, v in arrays.items()})
+    return policy
+
+
+def run_gradient(event: Any, state: ActorState | None = None, *, memory_mb: int | None = None) -> ActorSummary:
+    """Compute and store one gradient job's gradient; summarise. Never raises."""
+    from nitro.stellaris.jobs import GradientJob
+
+    start = time.perf_counter()
+    state = state if state is not None else ActorState()
+    mem = _memory_mb(state, memory_mb)
+    state.invocations += 1
+
+    def summary(inv: str, ok: bool, error: str | None = None, **fields: Any) -> ActorSummary:
+        duration = time.perf_counter() - start
+        if not ok:
+            return ActorSummary.failed(inv, error or "failed", duration_s=duration, billed_ms=math.ceil(duration * 1000), memory_mb=mem)
+        return ActorSummary(invocation_id=inv, ok=True, duration_s=duration, billed_ms=math.ceil(duration * 1000),
+                            memory_mb=mem, **fields)
+
+    try:
+        job = event if isinstance(event, GradientJob) else GradientJob.model_validate(event)
+    except ValidationError as exc:
+        raw = event.get("invocation_id") if isinstance(event, dict) else None
+        return summary(raw if isinstance(raw, str) and raw else "unknown", False, validation_message(exc, "gradient job"))
+
+    cache = None
+    try:
+        import torch
+
+        from nitro.cache import TrajectoryCache
+        from nitro.envs import env_spec
+        from nitro.serialization import loads_tensors
+        from nitro.stellaris.gradient import slice_gradient, slice_rows
+        from nitro.stellaris.jobs import gradient_key
+        from nitro.stellaris.wire import gradient_payload
+
+        client = state.redis_client(job.cache_url, state.resolve_password(job.cache_credentials))
+        cache = TrajectoryCache(client, job.run_id, ttl_s=job.ttl_s)
+        spec = env_spec(job.env_id)
+        snap = _snapshot(state, cache, job.snapshot_key, spec)
+        if snap.version != job.snapshot_version:
+            return _kept(cache, job, summary(job.invocation_id, False,
+                                             f"snapshot {job.snapshot_key!r} is version {snap.version}, the job names {job.snapshot_version}"))
+        raw_batch = cache.client.get(job.batch_key)
+        if raw_batch is None:
+            return _kept(cache, job, summary(job.invocation_id, False, f"batch {job.batch_key!r} is missing or expired"))
+        batch, _ = loads_tensors(raw_batch)
+        behaviour = _behaviour_policy(cache, job.behaviour_key, spec)
+        live = [_snapshot(state, cache, key, spec).policy for key in job.live_keys]
+        rows = slice_rows(len(batch["rewards"]), job.slice_samples, job.seed, job.epoch, job.slice)
+        torch.manual_seed(job.seed)
+        grads, metrics = slice_gradient(snap.policy, snap.critic, behaviour, live, batch, rows, snap.settings)
+        payload = gradient_payload(grads, invocation_id=job.invocation_id, snapshot_version=job.snapshot_version,
+                                   metrics=metrics)
+        key = gradient_key(cache, job.round, job.invocation_id)
+        cache.client.set(key, payload, nx=True, ex=job.ttl_s)
+        return _kept(cache, job, summary(job.invocation_id, True, steps=len(rows), batch_key=key, batch_bytes=len(payload)))
+    except Exception as exc:  # the function never raises: the parameter server gets one line
+        return _kept(cache, job, summary(job.invocation_id, False, _error_line(exc)))
+
+
+def _kept(cache: Any, job: Any, summary: ActorSummary) -> ActorSummary:
+    """``summary``, after leaving a copy in the cache: the parameter server stops waiting for a
+    gradient whose job failed, and a resumed run bills the invocation."""
+    if cache is not None:
+        try:
+            cache.put_summary(job.round, job.invocation_id, summary.model_dump_json())
+        except Exception:
+            pass
+    return summary

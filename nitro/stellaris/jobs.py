@@ -1,0 +1,57 @@
+"""A gradient job: the data-only event a learner function receives, and the keys it reads and writes.
+
+Every key lives under the round's prefix in the trajectory cache, so it carries the cache's TTL
+and is deleted with the round: ``...:snapshot:v{version}`` (a parameter-server version: policy and
+critic, safetensors) and ``...:gradient:{invocation_id}`` (the function's answer, safetensors).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nitro.cache import TrajectoryCache
+
+SNAPSHOT_FORMAT = "nitro.snapshot/1"
+GRADIENT_FORMAT = "nitro.gradient/1"
+
+
+def gradient_job_id(run_id: str, round_idx: int, job: int) -> str:
+    """Unique per (run, round, job); distinct from every actor's invocation id."""
+    return f"{run_id}-r{round_idx:05d}-g{job:05d}"
+
+
+def snapshot_key(cache: TrajectoryCache, round_idx: int, version: int) -> str:
+    return f"{cache.round_prefix(round_idx)}:snapshot:v{version:07d}"
+
+
+def gradient_key(cache: TrajectoryCache, round_idx: int, invocation_id: str) -> str:
+    return f"{cache.round_prefix(round_idx)}:gradient:{invocation_id}"
+
+
+class GradientJob(BaseModel):
+    """One slice of one actor batch, to differentiate at one snapshot. JSON in, like ``ActorEvent``;
+    the same function image and the same worker pool run both (``nitro.functions``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["gradient"] = "gradient"
+    run_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+    round: int = Field(ge=0)
+    invocation_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")
+    job: int = Field(ge=0)
+    env_id: str
+    snapshot_key: str = Field(min_length=1)
+    snapshot_version: int = Field(ge=0)
+    behaviour_key: str = Field(min_length=1, description="the policy the batch was acted with")
+    live_keys: list[str] = Field(default_factory=list, description="the other live versions' snapshots")
+    actor_id: str = Field(min_length=1, description="the invocation whose batch this slice is of")
+    batch_key: str = Field(min_length=1)
+    seed: int = Field(ge=0, lt=2**63)
+    epoch: int = Field(ge=0)
+    slice: int = Field(ge=0)
+    slice_samples: int = Field(ge=1)
+    cache_url: str = Field(min_length=1)
+    cache_credentials: dict[str, str] = Field(default_factory=dict)
+    ttl_s: int = Field(86_400, ge=1)

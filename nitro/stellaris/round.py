@@ -1,0 +1,306 @@
+"""One Stellaris round on the learner's side: plan the gradient jobs, then serve them.
+
+``plan``: the round's batches are cut into slices, ``epochs`` passes of jobs in FIFO order (pass,
+actor, slice); a discrete-event schedule drawn from the run's seed (``nitro.stellaris.schedule``)
+says which snapshot version each job computes against, which versions are live beside it, and in
+which order the parameter server applies the gradients. ``serve``: the parameter server waits for
+each gradient in that order (never past ``gradient_timeout_s``), checks it at the door, applies it
+and publishes each new version as the schedule says. Real functions run the jobs, on any backend,
+so a run repeats exactly; the schedule's clock, replayed with the measured durations, is the
+round's projected learner time.
+
+Stated rules: a job whose batch never lands, whose function fails, or whose gradient is late or
+fails the door is lost: its slice is not trained on in this round, the version still advances (so
+no job waits for a gradient that will not come), and the loss is counted with its one-line reason.
+At the end of the round, the observation and reward statistics merge the round's batches (the
+functions computed against frozen statistics) and the KL coefficient adapts, as in a sync update.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nitro.actors.events import ActorEvent, ActorSummary
+from nitro.behaviour import BehaviourPolicies
+from nitro.cache import TrajectoryCache
+from nitro.checkpoint import save_inflight
+from nitro.config import NitroConfig
+from nitro.learners.distributions import forward_dist_params
+from nitro.learners.objective import adapt_kl_coef, whole_batch_kl
+from nitro.learners.ppo import PPOLearner
+from nitro.learners.sgd import annealed_lr
+from nitro.stellaris.aggregation import BoundState
+from nitro.stellaris.jobs import GradientJob, gradient_job_id, gradient_key, snapshot_key
+from nitro.stellaris.schedule import GradientSchedule, LatencyModel, simulate
+from nitro.stellaris.server import Landed, ParameterServer
+from nitro.stellaris.wire import Gradient, GradientError, check_gradient
+from nitro.validation import BatchError, Bounds, batch_version, decode_batch_meta
+
+log = logging.getLogger("nitro")
+
+POLL_S = 0.01
+
+
+@dataclass(frozen=True)
+class GradientPlan:
+    """A round's gradient jobs and the schedule they run to (empty when the round trains no actor)."""
+
+    jobs: list[GradientJob] = field(default_factory=list)
+    schedule: dict | None = None  # GradientSchedule.to_dict(): plain data, as Prefect passes it
+    lanes: int = 0
+    bound: int | None = None  # the staleness bound the schedule was drawn with
+
+
+@dataclass
+class Served:
+    """What serving a round's gradients did, for the update report."""
+
+    batches: dict[str, dict]  # actor id -> the batch that passed the door
+    missing: list[str]
+    corrupt: dict[str, str]  # actor id -> why its batch was dropped
+    lost: dict[str, str]  # gradient job id -> why its gradient was not applied
+    staleness: list[int]
+    adam_steps: int
+    metrics: dict[str, float]
+    busy_s: float
+
+
+class StellarisLearning:
+    """The learner side of Stellaris across rounds: the parameter server, the staleness bound and
+    the functions' measured cost (for the budget)."""
+
+    def __init__(self, config: NitroConfig, learner: PPOLearner, cache: TrajectoryCache, run_id: str,
+                 behaviour: BehaviourPolicies, bounds: Bounds):
+        self.config, self.learner, self.cache, self.run_id = config, learner, cache, run_id
+        self.behaviour, self.bounds = behaviour, bounds
+        self.server = ParameterServer(learner, config.learner, cache)
+        self.bound = BoundState()
+        self.rounds_trained = 0
+        self.warm_lanes = 0
+        self.job_billed_ms: float | None = None  # mean billed ms of a job so far
+
+    # -- sizes ------------------------------------------------------------------------------------
+
+    @property
+    def epochs(self) -> int:
+        return self.config.learner.epochs or self.config.ppo.epochs
+
+    def jobs_per_actor(self) -> int:
+        return self.epochs * math.ceil(self.config.steps_per_actor / self.config.learner.slice_samples)
+
+    def lanes(self, n_actors: int) -> int:
+        """Learner functions at once: a boosted round fans out to more of them."""
+        return max(1, math.ceil(self.config.learner.functions_per_actor * n_actors))
+
+    # -- planning ---------------------------------------------------------------------------------
+
+    def plan(self, k: int, events: list[ActorEvent], weights_key: str, actor_cache_url: str,
+             actor_credentials: dict[str, str]) -> GradientPlan:
+        """The round's jobs and their schedule, recorded as in flight with the actors' invocations."""
+        train = [e for e in events if e.mode == "train"]
+        if not train:
+            return GradientPlan()
+        cfg = self.config.learner
+        if self.config.ppo.anneal_lr:
+            self.learner.set_learning_rate(annealed_lr(self.config.ppo.lr, k + 1, self.config.rounds))
+        self.server.publish(k)  # the round's first version, under the round's own prefix
+        slices = math.ceil(self.config.steps_per_actor / cfg.slice_samples)
+        order = [(epoch, a, s) for epoch in range(self.epochs) for a in range(len(train)) for s in range(slices)]
+        lanes = self.lanes(len(train))
+        rng = np.random.default_rng([self.config.seed, k, 0x57E11A])
+        model = LatencyModel(cold_s=cfg.latency.cold_s, warm_s=cfg.latency.warm_s,
+                             per_sample_s=cfg.latency.per_sample_s, jitter=cfg.latency.jitter)
+        landing = LatencyModel(cold_s=cfg.latency.actor_s, warm_s=cfg.latency.actor_s, per_sample_s=0.0,
+                               jitter=cfg.latency.jitter).draw([0] * len(train), rng, [True] * len(train))
+        cold = [j < lanes and j >= self.warm_lanes for j in range(len(order))]
+        latency = model.draw([min(cfg.slice_samples, self.config.steps_per_actor)] * len(order), rng, cold)
+        bound = self.bound_now()
+        schedule = simulate([landing[a] for _, a, _ in order], latency, lanes=lanes,
+                            start_version=self.server.version, bound=bound,
+                            trigger_k=cfg.trigger_k or lanes)
+        self.warm_lanes = max(self.warm_lanes, lanes)
+        jobs = []
+        for sj, (epoch, a, s) in zip(schedule.jobs, order):
+            live = sorted({o.snapshot_version for o in schedule.jobs
+                           if o.start_s <= sj.start_s < o.end_s and o.snapshot_version != sj.snapshot_version})
+            actor = train[a]
+            inv = gradient_job_id(self.run_id, k, sj.job)
+            jobs.append(GradientJob(
+                run_id=self.run_id, round=k, invocation_id=inv, job=sj.job, env_id=self.config.env_id,
+                snapshot_key=snapshot_key(self.cache, k, sj.snapshot_version), snapshot_version=sj.snapshot_version,
+                behaviour_key=weights_key, live_keys=[snapshot_key(self.cache, k, v) for v in live],
+                actor_id=actor.invocation_id, batch_key=self.cache.batch_key(k, actor.invocation_id),
+                seed=actor.seed, epoch=epoch, slice=s, slice_samples=cfg.slice_samples,
+                cache_url=actor_cache_url, cache_credentials=actor_credentials, ttl_s=self.cache.ttl_s))
+        save_inflight(self.config.home, self.run_id, k, [e.invocation_id for e in events] + [j.invocation_id for j in jobs])
+        return GradientPlan(jobs, schedule.to_dict(), lanes, bound)
+
+    def bound_now(self) -> int | None:
+        return self.bound.bound(self.rounds_trained + 1, self.config.learner.decay)
+
+    # -- a job's start ----------------------------------------------------------------------------
+
+    def wait_for_inputs(self, job: GradientJob) -> str | None:
+        """Block until the job's snapshot and batch are in the cache (None), or say in one line why
+        they never will be: the actor failed, or the round's deadline for its actors passed (a
+        snapshot always comes: the parameter server waits for no gradient past its own deadline)."""
+        wait_s = self.config.round_deadline_s
+        deadline = time.perf_counter() + wait_s
+        client = self.cache.client
+        while time.perf_counter() < deadline:
+            if client.exists(job.snapshot_key) and client.exists(job.batch_key):
+                return None
+            raw = client.get(self.cache.summary_key(job.round, job.actor_id))
+            if raw is not None and not ActorSummary.model_validate_json(raw).ok and not client.exists(job.batch_key):
+                return f"gradient job not started: actor {job.actor_id} failed, its batch will not land"
+            time.sleep(POLL_S)
+        return f"gradient job not started: its snapshot or batch was not in the cache within {wait_s:g} s"
+
+    def record_failure(self, job: GradientJob, summary: ActorSummary) -> None:
+        """Leave a failed job's summary in the cache, where the parameter server stops waiting for it."""
+        self.cache.put_summary(job.round, job.invocation_id, summary.model_dump_json())
+
+    # -- serving ----------------------------------------------------------------------------------
+
+    def serve(self, k: int, plan: GradientPlan) -> Served:
+        """Apply the round's gradients in the schedule's order (see the module docstring), then
+        merge the round's statistics and adapt the KL coefficient."""
+        served = Served(batches={}, missing=[], corrupt={}, lost={}, staleness=[], adam_steps=0, metrics={}, busy_s=0.0)
+        if not plan.jobs or plan.schedule is None:
+            return served
+        schedule = GradientSchedule.from_dict(plan.schedule)
+        behaviour_policy = copy.deepcopy(self.learner.policy)  # what the actors act with this round
+        sums: dict[str, float] = {}
+        for application in schedule.applications:
+            landed = []
+            for j, staleness in zip(application.jobs, application.staleness):
+                job = plan.jobs[j]
+                gradient = self._receive(job, served)
+                started = time.perf_counter()
+                if gradient is not None:
+                    landed.append(Landed(gradient, staleness))
+                    served.staleness.append(staleness)
+                    for name, value in gradient.metrics.items():
+                        sums[name] = sums.get(name, 0.0) + value
+                served.busy_s += time.perf_counter() - started
+            started = time.perf_counter()
+            served.adam_steps += self.server.apply(landed)
+            self.server.publish(k)
+            served.busy_s += time.perf_counter() - started
+        started = time.perf_counter()
+        self._end_round(list(served.batches.values()), behaviour_policy)
+        served.busy_s += time.perf_counter() - started
+        mean_staleness = float(np.mean(served.staleness)) if served.staleness else 0.0
+        self.bound.observe_round(mean_staleness)
+        self.rounds_trained += 1
+        applied = len(served.staleness)
+        served.metrics = {f"stellaris_{name}": value / max(applied, 1) for name, value in sums.items()} | {
+            "stellaris_gradients": float(applied), "stellaris_gradients_lost": float(len(served.lost)),
+            "stellaris_staleness_mean": mean_staleness,
+            "stellaris_staleness_max": float(max(served.staleness, default=0)),
+            "stellaris_bound": float(self.bound_now() or -1), "stellaris_versions": float(len(schedule.applications)),
+            "stellaris_lanes": float(plan.lanes), "stellaris_version": float(self.server.version),
+            "sgd_steps": float(served.adam_steps), "kl_coef": self.learner.kl_coef,
+        }
+        return served
+
+    def _receive(self, job: GradientJob, served: Served) -> Gradient | None:
+        """The job's gradient once it is in the cache and passes the door (its batch too); None, with
+        the reason recorded, when it is lost."""
+        payload = self._wait_gradient(job)
+        if isinstance(payload, str):
+            reason = payload
+        elif not self._admit_batch(job, served):
+            reason = f"gradient dropped: the batch of {job.actor_id} did not pass the door"
+        else:
+            try:
+                return check_gradient(payload, expected=self.server.expected_shapes, invocation_id=job.invocation_id,
+                                      snapshot_version=job.snapshot_version)
+            except GradientError as exc:
+                reason = f"gradient dropped at the door: {exc}"
+        log.warning("round %d: %s: %s", job.round, job.invocation_id, reason)
+        served.lost[job.invocation_id] = reason
+        return None
+
+    def _wait_gradient(self, job: GradientJob) -> bytes | str:
+        """The gradient's bytes, or one line on why none will come (the job failed or is late)."""
+        deadline = time.perf_counter() + self.config.learner.gradient_timeout_s
+        key = gradient_key(self.cache, job.round, job.invocation_id)
+        client = self.cache.client
+        while time.perf_counter() < deadline:
+            payload = client.get(key)
+            if payload is not None:
+                return payload
+            raw = client.get(self.cache.summary_key(job.round, job.invocation_id))
+            if raw is not None:
+                summary = ActorSummary.model_validate_json(raw)
+                if not summary.ok:
+                    return f"gradient lost: the function failed: {summary.error}"
+            time.sleep(POLL_S)
+        return f"gradient lost: not in the cache within {self.config.learner.gradient_timeout_s:g} s"
+
+    def _admit_batch(self, job: GradientJob, served: Served) -> bool:
+        """Check the job's batch at the learner's door once (``nitro.validation``, ``nitro.behaviour``)."""
+        if job.actor_id in served.batches:
+            return True
+        if job.actor_id in served.corrupt or job.actor_id in served.missing:
+            return False
+        payload = self.cache.client.get(job.batch_key)
+        if payload is None:
+            served.missing.append(job.actor_id)
+            return False
+        try:
+            arrays, meta = decode_batch_meta(payload, self.learner.spec, self.config.steps_per_actor, job.actor_id, self.bounds)
+            self.behaviour.check(arrays, batch_version(meta))
+        except BatchError as exc:
+            log.warning("round %d: dropped corrupt batch %s: %s", job.round, job.actor_id, exc)
+            served.corrupt[job.actor_id] = str(exc)
+            return False
+        served.batches[job.actor_id] = arrays
+        return True
+
+    def _end_round(self, batches: list[dict], behaviour_policy) -> None:
+        """KL of the round's policy against the one that acted -> the KL coefficient; then the
+        round's statistics, and the batch the boosting detector differentiates."""
+        if not batches:
+            return
+        learner = self.learner
+        data = learner.prepare(batches)
+        kl = whole_batch_kl(learner.policy, data.obs, forward_dist_params(behaviour_policy, data.obs))
+        learner.kl_coef = adapt_kl_coef(learner.kl_coef, kl, learner.cfg.kl_target)
+        learner._merge_statistics(batches)
+        learner.trained_batch = learner.prepare(batches)
+        learner.n_updates += 1
+
+    # -- the clock and the budget -----------------------------------------------------------------
+
+    def projected_update_s(self, plan: GradientPlan, actors: dict[str, ActorSummary],
+                           functions: dict[str, ActorSummary], invoke_s: float, apply_s: float) -> float:
+        """The schedule replayed with what was measured: each batch lands ``invoke_s`` + its
+        actor's duration after the round's start, each job takes ``invoke_s`` + its function's
+        duration, each version takes ``apply_s`` to apply; the time its last gradient is applied."""
+        if not plan.jobs:
+            return 0.0
+        ready = [invoke_s + (actors[j.actor_id].duration_s if j.actor_id in actors else 0.0) for j in plan.jobs]
+        latency = [invoke_s + (functions[j.invocation_id].duration_s if j.invocation_id in functions else 0.0)
+                   for j in plan.jobs]
+        replay = simulate(ready, latency, lanes=plan.lanes, start_version=0, bound=plan.bound,
+                          trigger_k=self.config.learner.trigger_k or plan.lanes, apply_s=apply_s)
+        return replay.makespan_s
+
+    def state_dict(self) -> dict:
+        return {"version": self.server.version, "bound": self.bound.to_dict(), "rounds_trained": self.rounds_trained,
+                "warm_lanes": self.warm_lanes, "job_billed_ms": self.job_billed_ms}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.server.version = int(state["version"])
+        self.bound = BoundState.from_dict(state["bound"])
+        self.rounds_trained = int(state["rounds_trained"])
+        self.warm_lanes = int(state["warm_lanes"])
+        self.job_billed_ms = state.get("job_billed_ms")

@@ -1,0 +1,124 @@
+"""Stellaris end to end: short runs with learner functions on the local pool and through the Lambda
+Invoke emulator, a run that repeats exactly (the seeded schedule), a killed run that resumes and
+bills its dead round once, and a failed, a slow and a corrupt gradient each handled with a
+one-line reason and nothing else lost."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from nitro.checkpoint import checkpoint_dir, load_checkpoint
+from tests.support.lambda_invoke_server import FunctionSpec, InvokeServer
+from tests.test_cli_lifecycle import _finish, _inflight_round, _kill_mid_round_1, _nitro
+
+pytestmark = pytest.mark.timeout(600)
+
+SMALL = ["env_id=CartPole-v1", "steps_per_actor=64", "scaler.name=fixed", "scaler.fixed_actors=2",
+         "model.hidden=[16,16]", "learner.mode=stellaris", "learner.slice_samples=32", "learner.epochs=2",
+         "learner.functions_per_actor=1", "detector.subset_size=32", "eval.every_rounds=0"]
+
+
+def _train(tmp_path, run_id, redis_url, *extra, backend="local", rounds=3):
+    from flows.training import train
+
+    uri = f"sqlite:///{tmp_path}/mlflow-{run_id}.db"
+    result = asyncio.run(train(backend=backend, rounds=rounds, overrides=[
+        *SMALL, f"home={tmp_path}/home-{run_id}", f"tracking.mlflow_uri={uri}", f"redis.url={redis_url}", *extra],
+        run_id=run_id))
+    client = MlflowClient(tracking_uri=uri)
+    history = {name: [m.value for m in sorted(client.get_metric_history(result.mlflow_run_id, name), key=lambda m: m.step)]
+               for name in ("train_return_mean", "ppo/stellaris_staleness_mean", "ppo/stellaris_gradients",
+                            "ppo/stellaris_gradients_lost", "ppo/stellaris_version", "ppo/sgd_steps",
+                            "spend_requests_usd", "actors_launched", "round_lambda_s")}
+    return result, client.get_run(result.mlflow_run_id), history
+
+
+def test_a_stellaris_run_repeats_exactly_and_bills_its_functions(prefect_api, redis_url, tmp_path):
+    _, run, first = _train(tmp_path, "stellaris-a", redis_url)
+    _, _, second = _train(tmp_path, "stellaris-b", redis_url)
+    projected = first.pop("round_lambda_s"), second.pop("round_lambda_s")  # measured durations: they differ
+    assert all(s > 0 for s in projected[0] + projected[1])
+    assert first == second  # the seeded schedule: same staleness, same gradients, same returns
+    assert all(r > 0 for r in first["train_return_mean"])  # whole CartPole episodes
+    jobs = 2 * 2 * 2  # actors x slices (64 / 32) x epochs
+    assert first["ppo/stellaris_gradients"] == [jobs] * 3
+    assert first["ppo/stellaris_gradients_lost"] == [0.0] * 3
+    assert first["ppo/stellaris_version"][-1] >= 3  # versions advance inside every round
+    assert any(s > 0 for s in first["ppo/stellaris_staleness_mean"])  # two lanes: some gradients are stale
+    # every actor and every learner function is one request
+    assert first["spend_requests_usd"] == pytest.approx([(2 + jobs) * 0.2e-6] * 3)
+    assert run.data.params["learner.mode"] == "stellaris"
+    assert float(run.data.tags["cost.learner_per_hour"]) == 0.085  # the parameter server's instance
+
+
+def test_a_stellaris_run_through_the_lambda_invoke_api(prefect_api, redis_url, tmp_path, monkeypatch):
+    for var, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(var, value)
+    with InvokeServer([FunctionSpec("nitro-actor", concurrency=4, timeout_s=60)]) as server:
+        result, _, history = _train(tmp_path, "stellaris-lambda", redis_url, f"backend.lambda.endpoint_url={server.url}",
+                                    "backend.lambda.concurrency=4", "backend.lambda.function_timeout_s=60",
+                                    backend="lambda", rounds=2)
+    assert result.rounds_done == 2
+    assert history["ppo/stellaris_gradients"] == [8.0, 8.0] and history["ppo/stellaris_gradients_lost"] == [0.0, 0.0]
+
+
+def test_a_killed_stellaris_run_resumes_and_bills_the_dead_round_once(tmp_path):
+    home, run_id = tmp_path / "home", "stellaris-killed"
+    args = [*SMALL, "rounds=3", "backend.workers=2", "round_deadline_s=20", f"home={home}"]
+    _kill_mid_round_1(_nitro(tmp_path, "train", "--run-id", run_id, *args), home, run_id, grace_s=10)
+    assert _inflight_round(home, run_id) == 1 and not (checkpoint_dir(home, run_id) / "round-00001").exists()
+    code, out, err = _finish(_nitro(tmp_path, "resume", run_id, "--home", str(home)))
+    assert code == 0, err[-3000:]
+    _, state = load_checkpoint(home, run_id)
+    assert state["next_round"] == 3 and state["stellaris"]["rounds_trained"] == 3
+    interrupted = [r for r in state["ledger"]["rounds"] if r["interrupted"]]
+    assert [r["round_idx"] for r in interrupted] == [1]
+    # what round 1's dead attempt left answered is billed: its actors, and its learner functions
+    assert 1 <= interrupted[0]["n_requests"] <= 2 + 8
+
+
+def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_api, redis_url, tmp_path, monkeypatch):
+    """Job 1's function fails, job 2's gradient is NaN, job 3's never comes (its task never
+    invokes, as a function that hangs past its deadline) and the parameter server stops waiting
+    at ``gradient_timeout_s``; every other gradient is applied, in every round."""
+    from tasks import stellaris as stellaris_tasks
+
+    original = stellaris_tasks.compute_gradient.fn
+
+    def compute(run_id, job):
+        from nitro.actors.events import ActorSummary
+        from nitro.runtime import get_run
+
+        if job.job == 1:
+            summary = ActorSummary.failed(job.invocation_id, "RuntimeError: injected crash")
+            get_run(run_id).training.stellaris.record_failure(job, summary)
+            return summary
+        if job.job == 3:
+            return ActorSummary.failed(job.invocation_id, "never answered")  # and tells no one
+        if job.job == 2:  # answers on time, with NaNs of the right shapes
+            import torch
+
+            from nitro.stellaris.jobs import gradient_key
+            from nitro.stellaris.wire import gradient_payload
+
+            training = get_run(run_id).training
+            nan = {n: torch.full(s, float("nan")) for n, s in training.stellaris.server.expected_shapes.items()}
+            key = gradient_key(training.cache, job.round, job.invocation_id)
+            training.cache.client.set(key, gradient_payload(nan, invocation_id=job.invocation_id,
+                                                            snapshot_version=job.snapshot_version, metrics={}))
+            return ActorSummary(invocation_id=job.invocation_id, ok=True, steps=32, batch_key=key)
+        return original(run_id, job)
+
+    monkeypatch.setattr(stellaris_tasks.compute_gradient, "fn", compute)
+    result, run, history = _train(tmp_path, "stellaris-faults", redis_url, "learner.gradient_timeout_s=3", rounds=2)
+    assert result.rounds_done == 2
+    assert history["ppo/stellaris_gradients_lost"] == [3.0, 3.0]
+    assert history["ppo/stellaris_gradients"] == [5.0, 5.0]
+    reasons = {k: v for k, v in run.data.tags.items() if k.startswith("nitro.corrupt.")}
+    assert any("the function failed: RuntimeError: injected crash" in v for v in reasons.values()), reasons
+    assert any("dropped at the door" in v and "non-finite" in v for v in reasons.values()), reasons
+    assert any("not in the cache within 3 s" in v for v in reasons.values()), reasons
+    assert all("\n" not in v for v in reasons.values())
