@@ -111,14 +111,15 @@ class BudgetCap:
 
 
 def cap_by_budget(ledger: CostLedger, bound: LearnerBound, *, wanted: int, affordable: Decimal, elapsed_s: float,
-                  eval_invocations: int, steps_per_actor: int) -> BudgetCap:
+                  eval_invocations: int, steps_per_actor: int, functions_per_actor: int = 0) -> BudgetCap:
     """The most actors, at most ``wanted``, whose worst case fits in ``affordable``: this round's
     measured ``elapsed_s`` so far, the actors' timeout-bounded waves (with the round's
-    ``eval_invocations``, which run only beside training actors) and the next round's update,
-    which the returned deadline enforces. Each invocation may be billed up to its timeout."""
+    ``eval_invocations``, which run only beside training actors, and Stellaris's
+    ``functions_per_actor`` learner-function invocations per training actor) and the next round's
+    update, which the returned deadline enforces. Each invocation may be billed up to its timeout."""
 
     def invocations(n: int) -> int:
-        return n + eval_invocations if n else 0
+        return n * (1 + functions_per_actor) + eval_invocations if n else 0
 
     def cost(n: int) -> Decimal:
         return decision_cost(ledger, bound, elapsed_s, invocations(n), n * steps_per_actor, n)

@@ -293,7 +293,8 @@ class TrainingRun:
             reserve = final_eval_reserve(self.ledger, self.bound, evaluation_invocations(self.config))
             cap = cap_by_budget(self.ledger, self.bound, wanted=wanted, affordable=remaining - reserve,
                                 elapsed_s=elapsed, eval_invocations=eval_invocations(self.config, k),
-                                steps_per_actor=self.config.steps_per_actor)
+                                steps_per_actor=self.config.steps_per_actor,
+                                functions_per_actor=self.stellaris.jobs_per_actor() if self.stellaris else 0)
             n = cap.n_actors
             self.update_deadline = now + cap.deadline_after_s if cap.deadline_after_s is not None else None
             self.reserved_next_s = cap.reserved_next_s

@@ -25,13 +25,12 @@ def apply_gradients(run_id: str, k: int, plan: GradientPlan) -> UpdateReport:
 # No retry: a job's gradient is written once (SET NX); a failed job is a lost slice, by rule.
 @task(name="compute-gradient", cache_policy=NO_CACHE, task_run_name="gradient-{job.invocation_id}")
 def compute_gradient(run_id: str, job: GradientJob) -> ActorSummary:
-    """Start the job once its batch has landed and its snapshot is published; a job that cannot
-    start, or whose function fails, tells the parameter server at once through the cache."""
+    """Start the job once its batch has landed and its snapshot is published; its answer (a job
+    that cannot start or whose function fails included) goes to the parameter server at once."""
     run = get_run(run_id)
     stellaris = run.training.stellaris
     assert stellaris is not None
     reason = stellaris.wait_for_inputs(job)
     summary = ActorSummary.failed(job.invocation_id, reason) if reason else run.backend.invoke(job)
-    if not summary.ok:
-        stellaris.record_failure(job, summary)
+    stellaris.answered(job, summary)
     return summary

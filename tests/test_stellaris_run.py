@@ -94,7 +94,7 @@ def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_ap
 
         if job.job == 1:
             summary = ActorSummary.failed(job.invocation_id, "RuntimeError: injected crash")
-            get_run(run_id).training.stellaris.record_failure(job, summary)
+            get_run(run_id).training.stellaris.answered(job, summary)
             return summary
         if job.job == 3:
             return ActorSummary.failed(job.invocation_id, "never answered")  # and tells no one
@@ -109,7 +109,9 @@ def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_ap
             key = gradient_key(training.cache, job.round, job.invocation_id)
             training.cache.client.set(key, gradient_payload(nan, invocation_id=job.invocation_id,
                                                             snapshot_version=job.snapshot_version, metrics={}))
-            return ActorSummary(invocation_id=job.invocation_id, ok=True, steps=32, batch_key=key)
+            summary = ActorSummary(invocation_id=job.invocation_id, ok=True, steps=32, batch_key=key)
+            training.stellaris.answered(job, summary)
+            return summary
         return original(run_id, job)
 
     monkeypatch.setattr(stellaris_tasks.compute_gradient, "fn", compute)

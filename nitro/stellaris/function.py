@@ -26,14 +26,20 @@ SNAPSHOTS_KEPT = 8  # the live versions of a round, with room to spare
 def _snapshot(state: ActorState, cache: Any, key: str, spec: Any) -> Any:
     from nitro.stellaris.wire import load_snapshot
 
-    if key not in state.snapshots:
+    if key in state.snapshots:
+        state.snapshots[key] = state.snapshots.pop(key)  # most recently used last
+    else:
         while len(state.snapshots) >= SNAPSHOTS_KEPT:
-            state.snapshots.pop(next(iter(state.snapshots)))
+            state.snapshots.pop(next(iter(state.snapshots)))  # the least recently used
         state.snapshots[key] = load_snapshot(cache.fetch_weights(key), spec)
     return state.snapshots[key]
 
 
-def _behaviour_policy(cache: Any, key: str, spec: Any) -> Any:
+def _behaviour_policy(state: ActorState, cache: Any, key: str, spec: Any) -> Any:
+    """The policy the batch was acted with (the round's actor weights), decoded once per process."""
+    if key in state.snapshots:
+        state.snapshots[key] = state.snapshots.pop(key)  # most recently used last
+        return state.snapshots[key]
     from nitro.actors.worker import WEIGHTS_FORMAT
     from nitro.models import Architecture, build_policy
     from nitro.serialization import loads_tensors
@@ -43,6 +49,9 @@ def _behaviour_policy(cache: Any, key: str, spec: Any) -> Any:
     arrays, meta = loads_tensors(cache.fetch_weights(key), expect_format=WEIGHTS_FORMAT)
     policy = build_policy(spec, arch=Architecture.from_meta(meta.get("arch")))
     policy.load_state_dict({k: torch.as_tensor(v) for k, v in arrays.items()})
+    while len(state.snapshots) >= SNAPSHOTS_KEPT:
+        state.snapshots.pop(next(iter(state.snapshots)))
+    state.snapshots[key] = policy
     return policy
 
 
@@ -90,7 +99,7 @@ def run_gradient(event: Any, state: ActorState | None = None, *, memory_mb: int 
         if raw_batch is None:
             return _kept(cache, job, summary(job.invocation_id, False, f"batch {job.batch_key!r} is missing or expired"))
         batch, _ = loads_tensors(raw_batch)
-        behaviour = _behaviour_policy(cache, job.behaviour_key, spec)
+        behaviour = _behaviour_policy(state, cache, job.behaviour_key, spec)
         live = [_snapshot(state, cache, key, spec).policy for key in job.live_keys]
         rows = slice_rows(len(batch["rewards"]), job.slice_samples, job.seed, job.epoch, job.slice)
         torch.manual_seed(job.seed)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -44,7 +45,7 @@ from nitro.validation import BatchError, Bounds, batch_version, decode_batch_met
 
 log = logging.getLogger("nitro")
 
-POLL_S = 0.01
+POLL_S = 0.05  # a job's poll for its batch in the cache (versions and answers are signalled in process)
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,8 @@ class Served:
 
 
 class StellarisLearning:
-    """The learner side of Stellaris across rounds: the parameter server, the staleness bound and
-    the functions' measured cost (for the budget)."""
+    """The learner side of Stellaris across rounds: the parameter server, the staleness bound, and
+    the signals between the jobs' tasks and the parameter server within a round."""
 
     def __init__(self, config: NitroConfig, learner: PPOLearner, cache: TrajectoryCache, run_id: str,
                  behaviour: BehaviourPolicies, bounds: Bounds):
@@ -83,7 +84,11 @@ class StellarisLearning:
         self.bound = BoundState()
         self.rounds_trained = 0
         self.warm_lanes = 0
-        self.job_billed_ms: float | None = None  # mean billed ms of a job so far
+        # The jobs' tasks run in this process beside the parameter server: a published version and
+        # a job's answer are signalled here, not polled for in Redis.
+        self._signal = threading.Condition()
+        self._published = -1
+        self._answers: dict[str, ActorSummary] = {}
 
     # -- sizes ------------------------------------------------------------------------------------
 
@@ -109,7 +114,8 @@ class StellarisLearning:
         cfg = self.config.learner
         if self.config.ppo.anneal_lr:
             self.learner.set_learning_rate(annealed_lr(self.config.ppo.lr, k + 1, self.config.rounds))
-        self.server.publish(k)  # the round's first version, under the round's own prefix
+        self._answers.clear()
+        self._publish(k)  # the round's first version, under the round's own prefix
         slices = math.ceil(self.config.steps_per_actor / cfg.slice_samples)
         order = [(epoch, a, s) for epoch in range(self.epochs) for a in range(len(train)) for s in range(slices)]
         lanes = self.lanes(len(train))
@@ -141,30 +147,46 @@ class StellarisLearning:
         save_inflight(self.config.home, self.run_id, k, [e.invocation_id for e in events] + [j.invocation_id for j in jobs])
         return GradientPlan(jobs, schedule.to_dict(), lanes, bound)
 
+    def _publish(self, k: int) -> None:
+        self.server.publish(k)
+        with self._signal:
+            self._published = self.server.version
+            self._signal.notify_all()
+
     def bound_now(self) -> int | None:
         return self.bound.bound(self.rounds_trained + 1, self.config.learner.decay)
 
     # -- a job's start ----------------------------------------------------------------------------
 
     def wait_for_inputs(self, job: GradientJob) -> str | None:
-        """Block until the job's snapshot and batch are in the cache (None), or say in one line why
-        they never will be: the actor failed, or the round's deadline for its actors passed (a
-        snapshot always comes: the parameter server waits for no gradient past its own deadline)."""
+        """Block until the job's batch is in the cache and its snapshot is published (None), or say
+        in one line why they never will be: the actor failed, or the round's deadline for its actors
+        passed (a snapshot always comes: the parameter server waits for no gradient past its own
+        deadline)."""
         wait_s = self.config.round_deadline_s
         deadline = time.perf_counter() + wait_s
         client = self.cache.client
-        while time.perf_counter() < deadline:
-            if client.exists(job.snapshot_key) and client.exists(job.batch_key):
-                return None
+        while not client.exists(job.batch_key):
             raw = client.get(self.cache.summary_key(job.round, job.actor_id))
             if raw is not None and not ActorSummary.model_validate_json(raw).ok and not client.exists(job.batch_key):
                 return f"gradient job not started: actor {job.actor_id} failed, its batch will not land"
+            if time.perf_counter() > deadline:
+                return f"gradient job not started: its batch was not in the cache within {wait_s:g} s"
             time.sleep(POLL_S)
-        return f"gradient job not started: its snapshot or batch was not in the cache within {wait_s:g} s"
+        with self._signal:
+            if self._signal.wait_for(lambda: self._published >= job.snapshot_version,
+                                     timeout=max(0.0, deadline - time.perf_counter())):
+                return None
+        return f"gradient job not started: its snapshot was not published within {wait_s:g} s"
 
-    def record_failure(self, job: GradientJob, summary: ActorSummary) -> None:
-        """Leave a failed job's summary in the cache, where the parameter server stops waiting for it."""
-        self.cache.put_summary(job.round, job.invocation_id, summary.model_dump_json())
+    def answered(self, job: GradientJob, summary: ActorSummary) -> None:
+        """A job's answer, for the parameter server; a failed one is also left in the cache, where a
+        resumed run bills it (the function leaves its own when it can)."""
+        if not summary.ok:
+            self.cache.put_summary(job.round, job.invocation_id, summary.model_dump_json())
+        with self._signal:
+            self._answers[job.invocation_id] = summary
+            self._signal.notify_all()
 
     # -- serving ----------------------------------------------------------------------------------
 
@@ -191,7 +213,7 @@ class StellarisLearning:
                 served.busy_s += time.perf_counter() - started
             started = time.perf_counter()
             served.adam_steps += self.server.apply(landed)
-            self.server.publish(k)
+            self._publish(k)
             served.busy_s += time.perf_counter() - started
         started = time.perf_counter()
         self._end_round(list(served.batches.values()), behaviour_policy)
@@ -230,20 +252,17 @@ class StellarisLearning:
 
     def _wait_gradient(self, job: GradientJob) -> bytes | str:
         """The gradient's bytes, or one line on why none will come (the job failed or is late)."""
-        deadline = time.perf_counter() + self.config.learner.gradient_timeout_s
-        key = gradient_key(self.cache, job.round, job.invocation_id)
-        client = self.cache.client
-        while time.perf_counter() < deadline:
-            payload = client.get(key)
-            if payload is not None:
-                return payload
-            raw = client.get(self.cache.summary_key(job.round, job.invocation_id))
-            if raw is not None:
-                summary = ActorSummary.model_validate_json(raw)
-                if not summary.ok:
-                    return f"gradient lost: the function failed: {summary.error}"
-            time.sleep(POLL_S)
-        return f"gradient lost: not in the cache within {self.config.learner.gradient_timeout_s:g} s"
+        timeout_s = self.config.learner.gradient_timeout_s
+        with self._signal:
+            self._signal.wait_for(lambda: job.invocation_id in self._answers, timeout=timeout_s)
+            answer = self._answers.get(job.invocation_id)
+        if answer is not None and not answer.ok:
+            return f"gradient lost: the function failed: {answer.error}"
+        payload = self.cache.client.get(gradient_key(self.cache, job.round, job.invocation_id))
+        if payload is None:
+            return (f"gradient lost: not in the cache within {timeout_s:g} s" if answer is None else
+                    "gradient lost: the function answered but its gradient is not in the cache (expired?)")
+        return payload
 
     def _admit_batch(self, job: GradientJob, served: Served) -> bool:
         """Check the job's batch at the learner's door once (``nitro.validation``, ``nitro.behaviour``)."""
@@ -296,11 +315,10 @@ class StellarisLearning:
 
     def state_dict(self) -> dict:
         return {"version": self.server.version, "bound": self.bound.to_dict(), "rounds_trained": self.rounds_trained,
-                "warm_lanes": self.warm_lanes, "job_billed_ms": self.job_billed_ms}
+                "warm_lanes": self.warm_lanes}
 
     def load_state_dict(self, state: dict) -> None:
         self.server.version = int(state["version"])
         self.bound = BoundState.from_dict(state["bound"])
         self.rounds_trained = int(state["rounds_trained"])
         self.warm_lanes = int(state["warm_lanes"])
-        self.job_billed_ms = state.get("job_billed_ms")

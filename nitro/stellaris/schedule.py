@@ -1,20 +1,29 @@
-"""A round's gradient jobs as a discrete-event schedule: which snapshot each job computes against,
-when its gradient lands, and which landings the parameter server applies together.
+"""One round's gradient jobs as a deterministic discrete-event schedule.
 
-Jobs leave a FIFO queue for ``lanes`` learner functions; a job starts when its batch has landed
-and a lane is free, against the version the parameter server holds at that moment. Landings are
-handled in time order: each joins the pending list with its staleness, and ``should_apply``
-decides whether the list is applied now (one version bump). What lands after the last job is
-applied at the end: nothing computed is dropped. Drawn from seeded latencies, the schedule makes a
-run repeat exactly; replayed with measured durations, it is the round's projected learner time.
+Learner functions run on ``lanes`` concurrent slots and take jobs from a FIFO queue. A job reads
+the policy version the parameter server (PS) has when it starts and lands its gradient when it
+ends; the PS then applies pending gradients by the rule in ``nitro.stellaris.aggregation``. The
+same inputs give the same schedule, so a run repeats exactly and a test can assert every job's
+staleness.
+
+Timing conventions:
+
+* a job starts at max(its ready time, the earliest free lane, the start of the job ahead of it);
+  it takes the lowest-numbered free lane;
+* the PS handles landings one at a time in time order (ties by job index) and has bumped its
+  version for every earlier trigger before it reads the next landing's staleness;
+* an application's new weights are visible from the triggering landing's time plus ``apply_s``;
+  a job starting at exactly that time reads them;
+* gradients still pending when the last job has landed are applied together: nothing computed in
+  a round is dropped.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
-from collections.abc import Sequence
+from bisect import bisect_right
 from dataclasses import asdict, dataclass
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -23,16 +32,20 @@ from nitro.stellaris.aggregation import should_apply
 
 @dataclass(frozen=True)
 class LatencyModel:
+    """Seconds a learner function takes: a start-up cost (a cold instance loads more), a cost per
+    sample, and a mean-1 lognormal factor for the spread seen on real functions."""
+
     cold_s: float = 0.25
     warm_s: float = 0.02
     per_sample_s: float = 2e-5
     jitter: float = 0.2
 
     def draw(self, samples: Sequence[int], rng: np.random.Generator, cold: Sequence[bool]) -> list[float]:
-        """(cold or warm start + per-sample compute) x a lognormal factor of mean 1, per job."""
-        factors = np.exp(self.jitter * rng.standard_normal(len(samples)) - self.jitter ** 2 / 2)
-        return [float(((self.cold_s if c else self.warm_s) + self.per_sample_s * n) * f)
-                for n, c, f in zip(samples, cold, factors)]
+        if len(cold) != len(samples):
+            raise ValueError("cold must have one entry per job in samples")
+        noise = np.exp(self.jitter * rng.standard_normal(len(samples)) - self.jitter ** 2 / 2)
+        return [((self.cold_s if c else self.warm_s) + self.per_sample_s * n) * float(f)
+                for n, c, f in zip(samples, cold, noise)]
 
 
 @dataclass(frozen=True)
@@ -41,106 +54,98 @@ class ScheduledJob:
     lane: int
     start_s: float
     end_s: float
-    snapshot_version: int
+    snapshot_version: int  # the PS version the job's gradient is computed against
 
 
 @dataclass(frozen=True)
 class Application:
-    version: int  # the parameter server's version before this bump
+    version: int  # v_PS before the bump
     jobs: tuple[int, ...]  # applied in this order
-    staleness: tuple[int, ...]
+    staleness: tuple[int, ...]  # of each job, at its landing
 
 
 @dataclass(frozen=True)
 class GradientSchedule:
-    jobs: tuple[ScheduledJob, ...]
+    jobs: tuple[ScheduledJob, ...]  # by job index
     applications: tuple[Application, ...]
     start_version: int
     final_version: int
-    makespan_s: float
+    makespan_s: float  # the time of the last application
 
     @property
     def mean_staleness(self) -> float:
         values = [s for a in self.applications for s in a.staleness]
-        return float(np.mean(values)) if values else 0.0
+        return sum(values) / len(values) if values else 0.0
 
     def staleness_of(self, job: int) -> int:
         for a in self.applications:
             if job in a.jobs:
                 return a.staleness[a.jobs.index(job)]
-        raise KeyError(job)
+        raise KeyError(f"job {job} is not in the schedule")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "GradientSchedule":
-        return cls(jobs=tuple(ScheduledJob(**j) for j in d["jobs"]),
-                   applications=tuple(Application(a["version"], tuple(a["jobs"]), tuple(a["staleness"]))
-                                      for a in d["applications"]),
-                   start_version=int(d["start_version"]), final_version=int(d["final_version"]),
-                   makespan_s=float(d["makespan_s"]))
+    def from_dict(cls, data: dict[str, Any]) -> GradientSchedule:
+        return cls(
+            jobs=tuple(ScheduledJob(**j) for j in data["jobs"]),
+            applications=tuple(Application(version=a["version"], jobs=tuple(a["jobs"]),
+                                           staleness=tuple(a["staleness"])) for a in data["applications"]),
+            start_version=data["start_version"], final_version=data["final_version"],
+            makespan_s=data["makespan_s"])
 
 
 def simulate(ready_s: Sequence[float], latency_s: Sequence[float], *, lanes: int, start_version: int,
              bound: int | None, trigger_k: int, apply_s: float = 0.0) -> GradientSchedule:
-    """The schedule of jobs 0..n-1 (FIFO) on ``lanes`` functions (see the module docstring)."""
-    n = len(ready_s)
-    if len(latency_s) != n:
-        raise ValueError(f"latency_s: {len(latency_s)} latencies for {n} jobs")
+    """Run the round's jobs (in index order) through ``lanes`` learner functions and the PS."""
+    if len(latency_s) != len(ready_s):
+        raise ValueError("latency_s must have one entry per job in ready_s")
     if lanes < 1:
         raise ValueError(f"lanes must be >= 1, got {lanes}")
     if trigger_k < 1:
         raise ValueError(f"trigger_k must be >= 1, got {trigger_k}")
-    if any(x < 0 or not math.isfinite(x) for x in latency_s):
-        raise ValueError("latency_s: every latency must be finite and >= 0")
+    if any(x < 0 for x in latency_s):
+        raise ValueError("latency_s must be >= 0")
 
-    version, bumps = start_version, []  # bumps: (time, new version), in time order
-    free = [(0.0, lane) for lane in range(lanes)]  # (free from, lane)
-    heapq.heapify(free)
-    landings: list[tuple[float, int]] = []  # (end time, job)
-    scheduled: list[ScheduledJob | None] = [None] * n
-    pending: list[tuple[int, int]] = []  # (job, staleness)
+    n = len(ready_s)
+    lane_free = [0.0] * lanes
+    landings: list[tuple[float, int]] = []  # heap of (end_s, job)
+    visible_at: list[float] = []  # when each application's weights become visible, in order
     applications: list[Application] = []
-    last_start, clock = 0.0, 0.0
+    scheduled: list[ScheduledJob] = []
+    pending: list[tuple[int, int]] = []  # (job, staleness), in landing order
+    last_start = last_landing = 0.0
 
-    def version_at(t: float) -> int:
-        v = start_version
-        for when, new in bumps:
-            if when <= t:
-                v = new
-        return v
-
-    def apply(t: float) -> None:
-        nonlocal version
-        applications.append(Application(version, tuple(j for j, _ in pending), tuple(s for _, s in pending)))
+    def apply_pending(at: float) -> None:
+        applications.append(Application(version=start_version + len(applications),
+                                        jobs=tuple(j for j, _ in pending),
+                                        staleness=tuple(s for _, s in pending)))
+        visible_at.append(at + apply_s)
         pending.clear()
-        version += 1
-        bumps.append((t + apply_s, version))
 
-    next_job = 0
-    while next_job < n or landings:
-        # The next job may start at max(ready, a free lane, the previous start); it starts now
-        # unless a landing comes first (that landing may bump the version it would see).
-        start = math.inf
-        if next_job < n:
-            start = max(ready_s[next_job], free[0][0], last_start)
-        if landings and landings[0][0] <= start:
-            t, j = heapq.heappop(landings)
-            clock = max(clock, t)
-            pending.append((j, version - scheduled[j].snapshot_version))  # type: ignore[union-attr]
+    while len(scheduled) < n or landings:
+        next_start = None
+        if len(scheduled) < n:
+            next_start = max(ready_s[len(scheduled)], min(lane_free), last_start)
+        # Landings up to the next start first: their applications may be what that job reads.
+        if landings and (next_start is None or landings[0][0] <= next_start):
+            last_landing, job = heapq.heappop(landings)
+            v_ps = start_version + len(applications)
+            pending.append((job, v_ps - scheduled[job].snapshot_version))
             if should_apply([s for _, s in pending], bound, trigger_k):
-                apply(t)
+                apply_pending(last_landing)
             continue
-        _, lane = heapq.heappop(free)
-        latency = float(latency_s[next_job])
-        job = ScheduledJob(next_job, lane, start, start + latency, version_at(start))
-        scheduled[next_job] = job
-        heapq.heappush(free, (job.end_s, lane))
-        heapq.heappush(landings, (job.end_s, next_job))
-        last_start = start
-        next_job += 1
+        job, last_start = len(scheduled), next_start
+        lane = next(i for i, free in enumerate(lane_free) if free <= next_start)
+        end = next_start + latency_s[job]
+        lane_free[lane] = end
+        scheduled.append(ScheduledJob(job=job, lane=lane, start_s=next_start, end_s=end,
+                                      snapshot_version=start_version + bisect_right(visible_at, next_start)))
+        heapq.heappush(landings, (end, job))
+
     if pending:
-        apply(clock)
-    makespan = (bumps[-1][0] if bumps else clock)
-    return GradientSchedule(tuple(scheduled), tuple(applications), start_version, version, makespan)  # type: ignore[arg-type]
+        apply_pending(last_landing)
+    return GradientSchedule(jobs=tuple(scheduled), applications=tuple(applications), start_version=start_version,
+                            final_version=start_version + len(applications),
+                            makespan_s=visible_at[-1] if visible_at else 0.0)

@@ -1,0 +1,1 @@
+"""Stellaris: serverless learner functions and the parameter server that applies their gradients."""
