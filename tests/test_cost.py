@@ -199,3 +199,35 @@ def test_lambda_projected_clock_by_hand():
     measured = RoundClock(ClockConfig(kind="measured", **allowances))
     assert measured.round(12.0, 9.0, [4.0]) == pytest.approx((12.0, 9.11))
     assert measured.startup_s(10) == 0.0 and clock.startup_s(10) == pytest.approx(2.2)
+
+
+def test_hand_worked_invoice_of_a_stellaris_round():
+    """A Stellaris round on the Lambda-projected clock: 8 actors of 500 ms, 80 learner functions of
+    40 ms, 1,024 MB x86, the parameter server on a c5.large at $0.085/h.
+
+      projected round: learner-side 10 - 8 = 2 s, plus the later of the actors' answer
+        (8 x 0.01 s on the wire + 0.1 s invoke + 0.5 s slowest + 2 s cold = 2.68 s) and the
+        learning (the schedule replayed: 3.5 s)                                 = 5.5 s
+      parameter server   0.085 x 5.5 / 3600                                     = 0.000129861...
+      GB-s: actors 8 x 0.5 s x 1 GB = 4; functions 80 x 0.04 s x 1 GB = 3.2    = 7.2
+      compute            7.2 x 0.0000166667                                     = 0.00012000024
+      requests           (8 + 80) x 0.20 / 1e6                                  = 0.0000176
+      round total        0.000267461...
+    The same round billed by the measured clock: 10 s of the server = 0.000236111...; compute and
+    requests unchanged: total 0.000373711...
+    """
+    from nitro.clock import RoundClock
+
+    for kind, seconds, total in (("lambda", 5.5, "0.0002674613511"), ("measured", 10.0, "0.0003737113511")):
+        cfg = NitroConfig.load({"learner": {"mode": "stellaris"}, "clock": {
+            "kind": kind, "dispatch_s_per_invocation": 0.01, "invoke_s": 0.1, "cold_start_s": 2.0}})
+        ledger, clock = ledger_from_config(cfg), RoundClock(cfg.clock)
+        billed, projected = clock.round(10.0, 8.0, [0.5] * 8, learning_s=3.5)
+        assert projected == pytest.approx(5.5) and billed == pytest.approx(seconds)
+        rc = ledger.charge_round(0, learner_seconds=billed, actor_billed_ms=[500] * 8 + [40] * 80, n_requests=88)
+        assert rc.learner == Decimal("0.085") * Decimal(str(seconds)) / 3600
+        assert rc.gb_s == Decimal("7.2") and rc.lambda_compute == Decimal("0.00012000024")
+        assert rc.requests == Decimal("0.0000176")
+        assert rc.total.quantize(Decimal("1e-13")) == Decimal(total)
+    # the learning that ends before the actors' answer adds nothing
+    assert RoundClock(cfg.clock).round(10.0, 8.0, [0.5] * 8, learning_s=1.0)[1] == pytest.approx(2 + 2.68)

@@ -282,3 +282,14 @@ def test_a_tiny_probe_runs_its_arms_on_ray(cluster, prefect_api, tmp_path, redis
     assert row["round"] == 2 and (row["actors_plain"], row["actors_boost"]) == (2, 3)
     assert math.isfinite(row["gain"]) and math.isfinite(row["hessian_R"])
     assert ray.is_initialized()  # the runs left the module's Ray running
+
+
+def test_a_learner_function_on_ray_computes_the_in_process_gradient(cluster, redis_url, redis_client):
+    """A Stellaris gradient job through the default handler on a Ray worker: the same gradient
+    as in process, to 1e-6."""
+    from tests.test_stellaris_parts import assert_function_gradient, gradient_job_and_expected
+
+    job, want = gradient_job_and_expected(redis_url, redis_client, "raygrad")
+    with RayActorBackend(RayConfig(), timeout_s=120.0, memory_mb=1024) as b:
+        summary = b.invoke(job)
+    assert_function_gradient(summary, redis_client, job, want)

@@ -96,46 +96,62 @@ def test_snapshot_round_trip_keeps_networks_and_settings():
     assert torch.equal(snap.critic(snap.policy.features(obs)), critic(policy.features(obs)))
 
 
-def test_function_gradient_equals_in_process_gradient(redis_url, redis_client):
-    """A learner function in a real worker process (the pool every backend's image runs), through
-    Redis and safetensors, against ``slice_gradient`` here: equal to 1e-6."""
-    from nitro.actors.local import LocalActorPool
+def gradient_job_and_expected(redis_url, redis_client, run_id: str):
+    """A gradient job over a real Hopper batch (a snapshot later than the behaviour policy, one live
+    version later still) stored in Redis, and the gradient ``slice_gradient`` computes here."""
     from nitro.cache import TrajectoryCache
-    from nitro.stellaris.jobs import GradientJob, gradient_key, snapshot_key
+    from nitro.stellaris.jobs import GradientJob, snapshot_key
 
     spec = env_spec("Hopper-v5")
     policy, critic = build_policy(spec, 0, ARCH), build_critic(spec, 0, ARCH)
     behaviour = copy.deepcopy(policy)
     batch = _batch(spec, behaviour, seed=5, steps=96)
-    with torch.no_grad():  # the snapshot is a later version than the behaviour policy; a live one later still
-        for p in policy.parameters():
-            p.add_(0.01 * torch.randn_like(p))
     live = copy.deepcopy(policy)
     with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.01 * torch.randn_like(p))
         for p in live.parameters():
-            p.add_(0.02 * torch.randn_like(p))
-    cache = TrajectoryCache(redis_client, "grad-eq", ttl_s=600)
+            p.add_(0.03 * torch.randn_like(p))
+    cache = TrajectoryCache(redis_client, run_id, ttl_s=600)
     snap_key, live_key = snapshot_key(cache, 1, 4), snapshot_key(cache, 1, 5)
     redis_client.set(snap_key, snapshot_payload(policy, critic, env_id=spec.env_id, version=4, arch=ARCH, settings=SETTINGS))
     redis_client.set(live_key, snapshot_payload(live, critic, env_id=spec.env_id, version=5, arch=ARCH, settings=SETTINGS))
     weights_key = cache.publish_weights(1, dumps_tensors(behaviour.state_dict(), {"format": "nitro.policy/1", "env_id": spec.env_id,
                                                                                    "version": 1, "arch": ARCH.to_meta()}))
-    batch_key, _ = cache.put_batch(1, "grad-eq-r00001-0000", dumps_tensors(batch, {"format": "nitro.batch/1"}))
-    job = GradientJob(run_id="grad-eq", round=1, invocation_id="grad-eq-r00001-g00000", job=0, env_id=spec.env_id,
+    batch_key, _ = cache.put_batch(1, f"{run_id}-r00001-0000", dumps_tensors(batch, {"format": "nitro.batch/1"}))
+    job = GradientJob(run_id=run_id, round=1, invocation_id=f"{run_id}-r00001-g00000", job=0, env_id=spec.env_id,
                       snapshot_key=snap_key, snapshot_version=4, behaviour_key=weights_key, live_keys=[live_key],
-                      actor_id="grad-eq-r00001-0000", batch_key=batch_key, seed=11, epoch=2, slice=1, slice_samples=40,
+                      actor_id=f"{run_id}-r00001-0000", batch_key=batch_key, seed=11, epoch=2, slice=1, slice_samples=40,
                       cache_url=redis_url)
-    with LocalActorPool(workers=1, timeout_s=60) as pool:
-        summary = pool.invoke(job)
-    assert summary.ok, summary.error
-    assert summary.steps == 40 and summary.batch_key == gradient_key(cache, 1, job.invocation_id)
-    got, meta = loads_tensors(redis_client.get(summary.batch_key))
     rows = slice_rows(96, 40, seed=11, epoch=2, index=1)
     want, metrics = slice_gradient(policy, critic, behaviour, [live], batch, rows, SETTINGS)
+    assert 0.0 < metrics["truncated_frac"] < 1.0  # the live version truncates some of the slice's ratios
+    return job, want
+
+
+def assert_function_gradient(summary, redis_client, job, want) -> None:
+    """The function's answer and the gradient it stored equal ``want`` to 1e-6."""
+    from nitro.cache import TrajectoryCache
+    from nitro.stellaris.jobs import gradient_key
+
+    assert summary.ok, summary.error
+    assert summary.steps == 40
+    assert summary.batch_key == gradient_key(TrajectoryCache(redis_client, job.run_id), 1, job.invocation_id)
+    got, _ = loads_tensors(redis_client.get(summary.batch_key))
     assert set(got) == set(want)
     for name in want:
         np.testing.assert_allclose(got[name], want[name].numpy(), atol=1e-6, rtol=1e-5)
-    assert metrics["truncated_frac"] >= 0.0
+
+
+def test_function_gradient_equals_in_process_gradient(redis_url, redis_client):
+    """A learner function in a real worker process (the pool's default handler, which every
+    backend's image runs), through Redis and safetensors, against ``slice_gradient`` here."""
+    from nitro.actors.local import LocalActorPool
+
+    job, want = gradient_job_and_expected(redis_url, redis_client, "grad-eq")
+    with LocalActorPool(workers=1, timeout_s=60) as pool:
+        summary = pool.invoke(job)
+    assert_function_gradient(summary, redis_client, job, want)
 
 
 def test_parameter_server_steps_match_adam_by_hand(redis_client):
