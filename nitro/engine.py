@@ -246,9 +246,9 @@ class TrainingRun:
         batches = list(served.batches.values())
         corrupt = {**served.corrupt, **served.lost}
         summaries = {inv: ActorSummary.model_validate_json(raw) for inv, raw in self.cache.get_summaries(
-            k, [j.actor_id for j in plan.jobs] + [j.invocation_id for j in plan.jobs]).items()}
+            k, sorted({j.actor_id for j in plan.jobs}) + [j.invocation_id for j in plan.jobs]).items()}
         projected, learning = self.stellaris.projected_update_s(plan, summaries, summaries, self.config.clock.invoke_s,
-                                                               served.busy_s / max(served.versions, 1))
+                                                               served.busy_s)
         return UpdateReport(samples=int(sum(len(b["rewards"]) for b in batches)), batches=len(batches),
                             missing=sorted(served.missing), corrupt=sorted(served.corrupt), corrupt_reasons=corrupt,
                             seconds=served.busy_s, projected_s=projected, diagnostics=served.metrics | {

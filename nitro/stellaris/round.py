@@ -70,7 +70,6 @@ class Served:
     adam_steps: int
     metrics: dict[str, float]
     busy_s: float
-    versions: int = 0  # versions the round published
 
 
 class StellarisLearning:
@@ -195,7 +194,6 @@ class StellarisLearning:
         """Apply the round's gradients in the schedule's order (see the module docstring), then
         merge the round's statistics and adapt the KL coefficient."""
         served = Served(batches={}, missing=[], corrupt={}, lost={}, staleness=[], adam_steps=0, metrics={}, busy_s=0.0)
-        served.versions = len(plan.schedule["applications"]) if plan.schedule else 0
         if not plan.jobs or plan.schedule is None:
             return served
         schedule = GradientSchedule.from_dict(plan.schedule)
@@ -302,20 +300,24 @@ class StellarisLearning:
     # -- the clock and the budget -----------------------------------------------------------------
 
     def projected_update_s(self, plan: GradientPlan, actors: dict[str, ActorSummary],
-                           functions: dict[str, ActorSummary], invoke_s: float, apply_s: float) -> tuple[float, float]:
+                           functions: dict[str, ActorSummary], invoke_s: float, busy_s: float) -> tuple[float, float]:
         """The schedule replayed with what was measured: each batch lands ``invoke_s`` + its
         actor's duration after the round's start, each job takes ``invoke_s`` + its function's
-        duration, each version takes ``apply_s`` to apply. Returns (when the last gradient is
-        applied, how long after the first batch landed): the round's learning on the Lambda clock,
-        and the learner's own part of it."""
+        duration, each version takes its share of the parameter server's measured ``busy_s``. The
+        replay lets versions overlap, and one parameter server cannot: its learning lasts at least
+        ``busy_s`` from the first landing. Returns (when the last gradient is applied, how long
+        after the first batch landed): the round's learning on the Lambda clock, and the
+        learner's own part of it."""
         if not plan.jobs:
             return 0.0, 0.0
         ready = [invoke_s + (actors[j.actor_id].duration_s if j.actor_id in actors else 0.0) for j in plan.jobs]
         latency = [invoke_s + (functions[j.invocation_id].duration_s if j.invocation_id in functions else 0.0)
                    for j in plan.jobs]
+        versions = len(plan.schedule["applications"]) if plan.schedule else 1
         replay = simulate(ready, latency, lanes=plan.lanes, start_version=0, bound=plan.bound,
-                          trigger_k=self.config.learner.trigger_k or plan.lanes, apply_s=apply_s)
-        return replay.makespan_s, replay.makespan_s - min(ready)
+                          trigger_k=self.config.learner.trigger_k or plan.lanes, apply_s=busy_s / max(versions, 1))
+        end = max(replay.makespan_s, min(ready) + busy_s)
+        return end, end - min(ready)
 
     def state_dict(self) -> dict:
         return {"version": self.server.version, "bound": self.bound.to_dict(), "rounds_trained": self.rounds_trained,
