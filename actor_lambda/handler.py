@@ -1,10 +1,10 @@
 """AWS Lambda entry point of a Nitro actor: ``actor_lambda.handler.handler``.
 
 It runs exactly what a local worker process runs, ``nitro.functions.run_function``: a learner
-function's gradient job (``kind: gradient``, ``nitro.stellaris.function``) or an actor's event. For an actor: validate the
-``ActorEvent``, fetch the round's weights from Redis, ``rollout``, write the batch under the
-invocation id (SET NX, so a duplicate delivery is neither stored nor enqueued twice) and return
-the small ``ActorSummary`` as JSON.
+function's gradient job (``kind: gradient``, ``nitro.stellaris.function``) or an actor's event.
+For an actor: validate the ``ActorEvent``, fetch the round's weights from Redis, ``rollout``,
+write the batch under the invocation id (SET NX, so a duplicate delivery is neither stored nor
+enqueued twice) and return the small ``ActorSummary`` as JSON.
 
 * Warm invocations reuse the module-level ``STATE`` (``ActorState``): the Redis connection pool
   per URL, the env and the policy module per env id, the last decoded weights.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -25,7 +24,7 @@ from flows.round import asynchronous_round, stellaris_round, training_round
 from nitro.checkpoint import run_dir
 from nitro.config import NitroConfig, ScalerName
 from nitro.envs import PAPER_ENVS
-from nitro.engine import STOP_ROUNDS
+from nitro.stopping import STOP_ROUNDS
 from nitro.failures import describe_failure
 from nitro.run_result import RunResult
 from nitro.runtime import RunContext, open_run
@@ -130,7 +129,7 @@ async def run_training(config: NitroConfig, run_id: str) -> RunResult:
     actors = max(config.scaler.i_max, config.scaler.fixed_actors)
     # Stellaris: a gradient job's task waits for its batch and snapshot, so the learner functions
     # get threads of their own beside the actors'
-    functions = math.ceil(config.learner.functions_per_actor * actors) if config.learner.mode == "stellaris" else 0
+    functions = config.learner.functions_for(actors) if config.learner.mode == "stellaris" else 0
     round_flow = round_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=actors + functions + 4))
     # One Prefect API client for every task of the run: without it, each task run builds its own
     # client, SSL context included (~20 ms of CPU each; bench/orchestration_overhead.py).

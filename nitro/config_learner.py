@@ -9,6 +9,7 @@ training, with the importance ratio truncated across the live policy versions (`
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
@@ -58,3 +59,8 @@ class LearnerConfig(Section):
     server_per_hour: float = Field(0.085, ge=0, description="the parameter server's instance (c5.large): it applies "
                                    "gradients and no longer computes them")
     latency: LatencyConfig = Field(default_factory=LatencyConfig)
+
+    def functions_for(self, n_actors: int) -> int:
+        """Learner functions at once for a round of ``n_actors`` training actors: a boosted round
+        fans out to more of them."""
+        return max(1, math.ceil(self.functions_per_actor * n_actors))

@@ -44,7 +44,7 @@ from nitro.behaviour import BehaviourPolicies
 from nitro.scalers import make_scaler, round_signal
 from nitro.serialization import dumps_tensors, loads_tensors
 from nitro.stellaris.round import GradientPlan, StellarisLearning
-from nitro.stopping import STOP_BUDGET, STOP_ROUNDS, STOP_TARGET, stop_reason  # noqa: F401 (the run's stop reasons)
+from nitro.stopping import stop_reason
 from nitro.validation import BatchError, batch_version, bounds_for, decode_batch_meta
 from nitro.vm import make_round_clock
 
@@ -245,10 +245,9 @@ class TrainingRun:
         served = self.stellaris.serve(k, plan)
         batches = list(served.batches.values())
         corrupt = {**served.corrupt, **served.lost}
-        summaries = {inv: ActorSummary.model_validate_json(raw) for inv, raw in self.cache.get_summaries(
+        answers = {inv: ActorSummary.model_validate_json(raw) for inv, raw in self.cache.get_summaries(
             k, sorted({j.actor_id for j in plan.jobs}) + [j.invocation_id for j in plan.jobs]).items()}
-        projected, learning = self.stellaris.projected_update_s(plan, summaries, summaries, self.config.clock.invoke_s,
-                                                               served.busy_s)
+        projected, learning = self.stellaris.projected_update_s(plan, answers, self.config.clock.invoke_s, served.busy_s)
         return UpdateReport(samples=int(sum(len(b["rewards"]) for b in batches)), batches=len(batches),
                             missing=sorted(served.missing), corrupt=sorted(served.corrupt), corrupt_reasons=corrupt,
                             seconds=served.busy_s, projected_s=projected, diagnostics=served.metrics | {

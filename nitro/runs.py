@@ -18,7 +18,7 @@ from pathlib import Path
 
 from nitro.checkpoint import CheckpointError, latest_round, load_checkpoint
 from nitro.config import ConfigError, NitroConfig
-from nitro.engine import stop_reason
+from nitro.stopping import stop_reason
 from nitro.failures import resume_command
 
 FINISHED, STOPPED, NOT_STARTED = "finished", "stopped", "not started"

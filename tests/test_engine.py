@@ -13,7 +13,8 @@ from nitro.cache import TrajectoryCache, connect_redis
 from nitro.checkpoint import load_checkpoint, save_checkpoint
 from nitro.config import NitroConfig
 from nitro.actors.events import ActorSummary
-from nitro.engine import STOP_BUDGET, Decision, TrainingRun, UpdateReport
+from nitro.engine import Decision, TrainingRun, UpdateReport
+from nitro.stopping import STOP_BUDGET
 from nitro.learners import UpdateResult
 
 

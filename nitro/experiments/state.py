@@ -26,7 +26,7 @@ def _checkpoint_state(config: NitroConfig, run_id: str) -> dict[str, Any] | None
 def _history_stop(config: NitroConfig, state: Mapping[str, Any]) -> str | None:
     """The stop the engine reported after the checkpointed round (``nitro.engine.stop_reason`` on
     its history row; a budget stop is a round whose capped decision was 0 actors)."""
-    from nitro.engine import STOP_ROUNDS, stop_reason
+    from nitro.stopping import STOP_ROUNDS, stop_reason
 
     history = state.get("history") or []
     next_round = int(state.get("next_round", 0))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -23,36 +24,39 @@ from nitro.config import validation_message
 SNAPSHOTS_KEPT = 8  # the live versions of a round, with room to spare
 
 
-def _snapshot(state: ActorState, cache: Any, key: str, spec: Any) -> Any:
-    from nitro.stellaris.wire import load_snapshot
-
+def _decoded(state: ActorState, key: str, decode: Callable[[], Any]) -> Any:
+    """``decode()``'s result for ``key``, kept in the warm state (the most recently used
+    ``SNAPSHOTS_KEPT``): the next job at the same version decodes nothing."""
     if key in state.snapshots:
         state.snapshots[key] = state.snapshots.pop(key)  # most recently used last
     else:
         while len(state.snapshots) >= SNAPSHOTS_KEPT:
             state.snapshots.pop(next(iter(state.snapshots)))  # the least recently used
-        state.snapshots[key] = load_snapshot(cache.fetch_weights(key), spec)
+        state.snapshots[key] = decode()
     return state.snapshots[key]
 
 
+def _snapshot(state: ActorState, cache: Any, key: str, spec: Any) -> Any:
+    from nitro.stellaris.wire import load_snapshot
+
+    return _decoded(state, key, lambda: load_snapshot(cache.fetch_weights(key), spec))
+
+
 def _behaviour_policy(state: ActorState, cache: Any, key: str, spec: Any) -> Any:
-    """The policy the batch was acted with (the round's actor weights), decoded once per process."""
-    if key in state.snapshots:
-        state.snapshots[key] = state.snapshots.pop(key)  # most recently used last
-        return state.snapshots[key]
+    """The policy the batch was acted with (the round's actor weights)."""
+    import torch
+
     from nitro.actors.worker import WEIGHTS_FORMAT
     from nitro.models import Architecture, build_policy
     from nitro.serialization import loads_tensors
 
-    import torch
+    def decode() -> Any:
+        arrays, meta = loads_tensors(cache.fetch_weights(key), expect_format=WEIGHTS_FORMAT)
+        policy = build_policy(spec, arch=Architecture.from_meta(meta.get("arch")))
+        policy.load_state_dict({k: torch.as_tensor(v) for k, v in arrays.items()})
+        return policy
 
-    arrays, meta = loads_tensors(cache.fetch_weights(key), expect_format=WEIGHTS_FORMAT)
-    policy = build_policy(spec, arch=Architecture.from_meta(meta.get("arch")))
-    policy.load_state_dict({k: torch.as_tensor(v) for k, v in arrays.items()})
-    while len(state.snapshots) >= SNAPSHOTS_KEPT:
-        state.snapshots.pop(next(iter(state.snapshots)))
-    state.snapshots[key] = policy
-    return policy
+    return _decoded(state, key, decode)
 
 
 def run_gradient(event: Any, state: ActorState | None = None, *, memory_mb: int | None = None) -> ActorSummary:

@@ -96,12 +96,13 @@ class StellarisLearning:
     def epochs(self) -> int:
         return self.config.learner.epochs or self.config.ppo.epochs
 
-    def jobs_per_actor(self) -> int:
-        return self.epochs * math.ceil(self.config.steps_per_actor / self.config.learner.slice_samples)
+    @property
+    def slices(self) -> int:
+        """Slices of one actor's batch."""
+        return math.ceil(self.config.steps_per_actor / self.config.learner.slice_samples)
 
-    def lanes(self, n_actors: int) -> int:
-        """Learner functions at once: a boosted round fans out to more of them."""
-        return max(1, math.ceil(self.config.learner.functions_per_actor * n_actors))
+    def jobs_per_actor(self) -> int:
+        return self.epochs * self.slices
 
     # -- planning ---------------------------------------------------------------------------------
 
@@ -116,9 +117,8 @@ class StellarisLearning:
             self.learner.set_learning_rate(annealed_lr(self.config.ppo.lr, k + 1, self.config.rounds))
         self._answers.clear()
         self._publish(k)  # the round's first version, under the round's own prefix
-        slices = math.ceil(self.config.steps_per_actor / cfg.slice_samples)
-        order = [(epoch, a, s) for epoch in range(self.epochs) for a in range(len(train)) for s in range(slices)]
-        lanes = self.lanes(len(train))
+        order = [(epoch, a, s) for epoch in range(self.epochs) for a in range(len(train)) for s in range(self.slices)]
+        lanes = cfg.functions_for(len(train))
         rng = np.random.default_rng([self.config.seed, k, 0x57E11A])
         model = LatencyModel(cold_s=cfg.latency.cold_s, warm_s=cfg.latency.warm_s,
                              per_sample_s=cfg.latency.per_sample_s, jitter=cfg.latency.jitter)
@@ -168,7 +168,7 @@ class StellarisLearning:
         client = self.cache.client
         while not client.exists(job.batch_key):
             raw = client.get(self.cache.summary_key(job.round, job.actor_id))
-            if raw is not None and not ActorSummary.model_validate_json(raw).ok and not client.exists(job.batch_key):
+            if raw is not None and not ActorSummary.model_validate_json(raw).ok:
                 return f"gradient job not started: actor {job.actor_id} failed, its batch will not land"
             if time.perf_counter() > deadline:
                 return f"gradient job not started: its batch was not in the cache within {wait_s:g} s"
@@ -299,8 +299,8 @@ class StellarisLearning:
 
     # -- the clock and the budget -----------------------------------------------------------------
 
-    def projected_update_s(self, plan: GradientPlan, actors: dict[str, ActorSummary],
-                           functions: dict[str, ActorSummary], invoke_s: float, busy_s: float) -> tuple[float, float]:
+    def projected_update_s(self, plan: GradientPlan, answers: dict[str, ActorSummary], invoke_s: float,
+                           busy_s: float) -> tuple[float, float]:
         """The schedule replayed with what was measured: each batch lands ``invoke_s`` + its
         actor's duration after the round's start, each job takes ``invoke_s`` + its function's
         duration, each version takes its share of the parameter server's measured ``busy_s``. The
@@ -310,9 +310,11 @@ class StellarisLearning:
         learner's own part of it."""
         if not plan.jobs:
             return 0.0, 0.0
-        ready = [invoke_s + (actors[j.actor_id].duration_s if j.actor_id in actors else 0.0) for j in plan.jobs]
-        latency = [invoke_s + (functions[j.invocation_id].duration_s if j.invocation_id in functions else 0.0)
-                   for j in plan.jobs]
+        def took(inv: str) -> float:
+            return invoke_s + (answers[inv].duration_s if inv in answers else 0.0)
+
+        ready = [took(j.actor_id) for j in plan.jobs]
+        latency = [took(j.invocation_id) for j in plan.jobs]
         versions = len(plan.schedule["applications"]) if plan.schedule else 1
         replay = simulate(ready, latency, lanes=plan.lanes, start_version=0, bound=plan.bound,
                           trigger_k=self.config.learner.trigger_k or plan.lanes, apply_s=busy_s / max(versions, 1))
