@@ -59,6 +59,10 @@ class PPOConfig(_Section):
     vf_clip: float = Field(10.0, gt=0, description="clip of the value loss, in (scaled) reward units")
     epochs: int = Field(10, ge=1)
     minibatch_size: int = Field(128, ge=1)
+    minibatches: int | None = Field(None, ge=1, description=(
+        "minibatches per epoch whatever the round's samples, so an update takes epochs x minibatches "
+        "Adam steps and a boosted round's bigger batch makes bigger minibatches, not more of them; "
+        "None: minibatches of minibatch_size samples"))
     max_grad_norm: float = Field(0.5, gt=0)
     normalize_rewards: bool = True
 

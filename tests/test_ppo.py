@@ -27,7 +27,7 @@ from nitro.learners.ppo import (
     value_loss,
 )
 from nitro.learners.returns import compute_gae
-from nitro.learners.sgd import annealed_lr, noise_scale_from_norms
+from nitro.learners.sgd import annealed_lr, minibatch_count, minibatch_indices, noise_scale_from_norms
 from nitro.learners.statistics import discounted_return_trace, explained_variance, training_rewards
 from nitro.serialization import dumps_tensors, loads_tensors
 
@@ -378,6 +378,32 @@ def test_a_deadline_in_the_past_stops_the_update_before_its_first_step(hopper_ba
     later = learner.update(round1, deadline=time.perf_counter() + 3600.0)
     assert not later.cut_short and later.sgd_steps == later.diagnostics["sgd_steps"] == 2 * 4  # epochs x minibatches
     assert later.grad_noise_scale == later.diagnostics["grad_noise_scale"] or math.isnan(later.grad_noise_scale)
+
+
+def test_minibatch_count_and_split_by_hand():
+    assert minibatch_count(2048, 64) == 32 and minibatch_count(100, 64) == 2 and minibatch_count(10, 64) == 1
+    assert minibatch_count(16384, 64, minibatches=32) == 32  # 512-sample minibatches
+    assert minibatch_count(3, 64, minibatches=32) == 3  # never an empty minibatch
+    parts = minibatch_indices(10, 3, np.random.default_rng(0))
+    assert [len(p) for p in parts] == [4, 3, 3]
+    assert sorted(torch.cat(parts).tolist()) == list(range(10))  # a permutation: each sample once
+    with pytest.raises(ValueError, match="minibatches"):
+        PPOConfig(minibatches=0)
+
+
+def test_constant_minibatches_keep_a_boosted_update_s_adam_steps(hopper_batches):
+    """ppo.minibatches: twice the samples make minibatches twice as big, not twice as many steps;
+    on the batch the count was chosen for, the update is the minibatch_size update exactly."""
+    round1, round2 = hopper_batches  # 512 samples each; together a "boosted" round of 1024
+    by_size = PPOLearner(env_spec(ENV), CFG, seed=0)  # 128-sample minibatches
+    assert by_size.update(round1 + round2).sgd_steps == 2 * 8
+    constant = PPOConfig(lr=3e-4, epochs=2, minibatch_size=128, minibatches=4)
+    boosted = PPOLearner(env_spec(ENV), constant, seed=0)
+    assert boosted.update(round1 + round2).sgd_steps == 2 * 4  # epochs x minibatches, of 256 samples
+    assert boosted._minibatches(1024, np.random.default_rng(0))[0].numel() == 256
+    a, b = PPOLearner(env_spec(ENV), CFG, seed=0), PPOLearner(env_spec(ENV), constant, seed=0)
+    assert a.update(round1).sgd_steps == b.update(round1).sgd_steps == 2 * 4
+    assert torch.equal(_flat(a.policy), _flat(b.policy)) and torch.equal(_flat(a.critic), _flat(b.critic))
 
 
 def test_state_dict_round_trips_through_safetensors(hopper_batches):

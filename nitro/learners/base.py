@@ -37,7 +37,7 @@ from nitro.learners.checkpoint import (
 from nitro.learners.contract import UpdateResult
 from nitro.learners.distributions import DistParams
 from nitro.learners.objective import adapt_kl_coef, whole_batch_kl
-from nitro.learners.sgd import accumulate, clipped_step, gradient_noise_scale, minibatch_indices
+from nitro.learners.sgd import accumulate, clipped_step, gradient_noise_scale, minibatch_count, minibatch_indices
 from nitro.learners.statistics import RunningMeanStd, merge_round_statistics
 from nitro.models import Architecture, Critic, Policy, build_critic, build_policy
 
@@ -115,8 +115,11 @@ class ActorCriticLearner:
 
     # -- the update -----------------------------------------------------------------------------
 
+    def _minibatch_count(self, n: int) -> int:
+        return minibatch_count(n, self.cfg.minibatch_size)
+
     def _minibatches(self, n: int, rng: np.random.Generator) -> list[torch.Tensor]:
-        return minibatch_indices(n, self.cfg.minibatch_size, rng, self.device)
+        return minibatch_indices(n, self._minibatch_count(n), rng, self.device)
 
     def _optimise(self, data: PreparedBatch, policy_loss: Callable[[torch.Tensor], torch.Tensor],
                   total_loss: MinibatchLoss, *, epochs: int, deadline: float | None) -> UpdateResult:

@@ -25,7 +25,7 @@ from nitro.learners.contract import Batch, Progress, UpdateResult
 from nitro.learners.distributions import DistParams, forward_dist_params
 from nitro.learners.objective import clip_fraction, penalised_policy_loss, policy_objective
 from nitro.learners.returns import compute_gae, values_and_successors
-from nitro.learners.sgd import annealed_lr, normalise_advantages
+from nitro.learners.sgd import annealed_lr, minibatch_count, normalise_advantages
 from nitro.learners.statistics import explained_variance, training_rewards
 from nitro.models import Critic, Policy
 
@@ -180,6 +180,10 @@ class PPOLearner(ActorCriticLearner):
     name = "ppo"
     cfg: PPOConfig
     trained_batch: PPOBatch | None
+
+    def _minibatch_count(self, n: int) -> int:
+        """``cfg.minibatches`` when set (constant Adam steps per update), else n / minibatch_size."""
+        return minibatch_count(n, self.cfg.minibatch_size, self.cfg.minibatches)
 
     def prepare(self, batches: Sequence[Batch]) -> PPOBatch:
         """``prepare_batches`` with this learner's networks, gamma, lambda and reward scale."""

@@ -19,12 +19,19 @@ def normalise_advantages(adv: torch.Tensor) -> torch.Tensor:
     return (adv - adv.mean()) / (adv.std(correction=0) + 1e-8)
 
 
-def minibatch_indices(n: int, minibatch_size: int, rng: np.random.Generator, device: str | torch.device = "cpu") -> list[torch.Tensor]:
-    """A fresh permutation split into near-equal minibatches (no runt minibatch of 1 sample,
-    whose advantage normalisation would be meaningless)."""
-    n_mb = max(1, round(n / minibatch_size))
+def minibatch_count(n: int, minibatch_size: int, minibatches: int | None = None) -> int:
+    """How many minibatches an epoch over ``n`` samples has: ``minibatches`` when given (capped at
+    ``n``: every minibatch holds a sample), else ``n / minibatch_size`` rounded, at least one."""
+    if minibatches is not None:
+        return max(1, min(int(minibatches), n))
+    return max(1, round(n / minibatch_size))
+
+
+def minibatch_indices(n: int, n_minibatches: int, rng: np.random.Generator, device: str | torch.device = "cpu") -> list[torch.Tensor]:
+    """A fresh permutation split into ``n_minibatches`` near-equal minibatches (sizes differ by at
+    most one, so no runt minibatch of 1 sample, whose advantage normalisation would be meaningless)."""
     perm = torch.as_tensor(rng.permutation(n), device=device)
-    return list(torch.tensor_split(perm, n_mb))
+    return list(torch.tensor_split(perm, n_minibatches))
 
 
 def clipped_step(
