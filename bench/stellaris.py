@@ -45,6 +45,8 @@ import numpy as np
 
 from _common import RESULTS, isolated_home, machine, run_overrides
 
+from nitro.experiments.stats import ratio_ci
+
 THRESHOLDS = {"Hopper-v5": 400.0, "Walker2d-v5": 300.0}
 ARMS = {
     "sync": [],
@@ -105,17 +107,6 @@ def mean_ci(values: list[float]) -> dict:
 
     half = float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else math.nan
     return {"mean": float(x.mean()), "ci95": half, "n": int(len(x))}
-
-
-def ratio_ci(a: list[float], b: list[float], seed: int = 0) -> dict:
-    """mean(a) / mean(b) with a bootstrap 95% CI over seeds (each arm resampled on its own)."""
-    a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if not (len(a_arr) and len(b_arr)) or not np.isfinite(a_arr).all() or not np.isfinite(b_arr).all():
-        return {"ratio": math.nan, "lo": math.nan, "hi": math.nan}
-    rng = np.random.default_rng(seed)
-    boots = [rng.choice(a_arr, len(a_arr)).mean() / rng.choice(b_arr, len(b_arr)).mean() for _ in range(10_000)]
-    return {"ratio": float(a_arr.mean() / b_arr.mean()), "lo": float(np.percentile(boots, 2.5)),
-            "hi": float(np.percentile(boots, 97.5))}
 
 
 def compare(runs: list[dict], arms: list[str], base: str) -> dict:

@@ -7,23 +7,40 @@ import sys
 from pathlib import Path
 
 
-def cmd_experiment(args) -> int:
-    """``nitro experiment SPEC [--sensitivity] [--report-dir DIR] [--fail-fast] [key=value ...]``.
+def parse_only(items: list[str]) -> dict[str, list[str]]:
+    """``["env=Hopper-v5", "scaler=nitro,fixed"]`` -> ``{"env": ["Hopper-v5"], "scaler": ["nitro", "fixed"]}``."""
+    from nitro.experiments import ExperimentError
 
-    Validates the spec before Prefect starts, runs the ``nitro-experiment`` flow in this process
-    and prints the summary table. Exit 0: all cells finished; 1: some cells failed (re-run the same
-    command to resume them); 2: invalid spec (raised as ExperimentError, a ConfigError)."""
+    only: dict[str, list[str]] = {}
+    for item in items:
+        field, sep, values = item.partition("=")
+        names = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or not field.strip() or not names:
+            raise ExperimentError(f"--only {item!r}: expected FIELD=V1,V2 (e.g. env=Hopper-v5)")
+        only.setdefault(field.strip(), []).extend(names)
+    return only
+
+
+def cmd_experiment(args) -> int:
+    """``nitro experiment SPEC [--sensitivity] [--report-dir DIR] [--fail-fast] [--only F=V,..] [key=value ...]``.
+
+    Validates the spec (and ``--only``) before Prefect starts, runs the ``nitro-experiment`` flow
+    in this process and prints the summary table. Exit 0: all selected cells finished; 1: some
+    cells failed (re-run the same command to resume them); 2: invalid spec (raised as
+    ExperimentError, a ConfigError)."""
     import asyncio
 
-    from nitro.experiments import format_summary, load_spec
+    from nitro.experiments import expand_cells, format_summary, load_spec, select_cells
 
-    load_spec(args.spec, args.overrides)  # fail fast, before Prefect starts
+    spec = load_spec(args.spec, args.overrides)  # fail fast, before Prefect starts
+    only = parse_only(args.only)
+    select_cells(expand_cells(spec, sensitivity=args.sensitivity), only)
     from flows.experiment import ExperimentFailed, experiment
 
     try:
         result = asyncio.run(experiment(spec_path=str(args.spec), sensitivity=args.sensitivity,
                                         overrides=list(args.overrides), report_dir=args.report_dir,
-                                        fail_fast=args.fail_fast))
+                                        fail_fast=args.fail_fast, only=only))
     except ExperimentFailed as exc:
         print(f"nitro: experiment incomplete: {exc}", file=sys.stderr)
         return 1

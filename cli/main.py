@@ -215,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sensitivity", action="store_true", help="also run the spec's sensitivity sweep (paper 8.4)")
     p.add_argument("--report-dir", default=None, help="default: the spec's report_dir, else docs/results/<name>")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failing cell")
+    p.add_argument("--only", action="append", default=[], metavar="FIELD=V1,V2",
+                   help="run only the cells with these values of env, algo, scaler or seed (repeatable); "
+                        "the report still covers the whole spec")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every cell, e.g. home=/data")
     p.set_defaults(func=_cmd_experiment)
 

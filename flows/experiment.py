@@ -39,6 +39,7 @@ from nitro.experiments import (
     mean_actors_per_round,
     nitro_partner,
     saved_config_mismatch,
+    select_cells,
 )
 from nitro.tracking import RunTracker, default_tracking_uri
 
@@ -124,41 +125,47 @@ async def experiment(
     overrides: list[str] | None = None,
     report_dir: str | None = None,
     fail_fast: bool = False,
+    only: dict[str, list[str]] | None = None,
 ) -> dict:
     """Run every cell of an experiment spec (YAML path or mapping), then write and log the report.
 
     ``sensitivity``: also run the spec's ``sensitivity`` sweep (paper §8.4). ``overrides``: dotted
     config overrides for every cell (e.g. ``home=/data/nitro``). ``report_dir``: default the
-    spec's ``report_dir``, else ``docs/results/<name>``."""
+    spec's ``report_dir``, else ``docs/results/<name>``. ``only``: run just the cells whose fields
+    have these values (e.g. ``{"env": ["Hopper-v5"]}``); the report still covers the whole spec
+    and counts the cells not yet run."""
     if (spec_path is None) == (spec is None):
         raise ValueError("give exactly one of spec_path or spec")
     parsed = load_spec(spec_path if spec_path is not None else spec, overrides or [])
-    return await run_experiment(parsed, sensitivity=sensitivity, report_dir=report_dir, fail_fast=fail_fast)
+    return await run_experiment(parsed, sensitivity=sensitivity, report_dir=report_dir, fail_fast=fail_fast,
+                                only=only)
 
 
 async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, report_dir: str | os.PathLike | None = None,
-                         fail_fast: bool = False) -> dict:
+                         fail_fast: bool = False, only: dict[str, list[str]] | None = None) -> dict:
     from flows.training import run_training
 
     cells = expand_cells(spec, sensitivity=sensitivity)
+    to_run = select_cells(cells, only or {})
     first = cell_config(spec, cells[0])
     uri = first.tracking.mlflow_uri or default_tracking_uri(first)
     tracker = RunTracker(uri, spec.name)
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     parent = ensure_parent_run(tracker, spec, flow_run_id)
-    log.info("experiment %s: %d cells, MLflow parent run %s", spec.name, len(cells), parent)
+    log.info("experiment %s: %d cells%s, MLflow parent run %s", spec.name, len(cells),
+             f" ({len(to_run)} selected by --only)" if len(to_run) < len(cells) else "", parent)
 
     results: dict[str, dict[str, Any]] = {}
     notes: dict[str, str] = {}
     failed: dict[str, str] = {}
-    for i, cell in enumerate(cells, 1):
+    for i, cell in enumerate(to_run, 1):
         run_id = cell_run_id(spec.name, cell)
         random_mean = None
         if cell_scaler(spec, cell) == "random":
             partner = nitro_partner(cell)
             if partner.key in failed:
                 failed[cell.key] = f"skipped: its nitro cell {partner.key} failed"
-                log.warning("cell %d/%d %s: %s", i, len(cells), cell.key, failed[cell.key])
+                log.warning("cell %d/%d %s: %s", i, len(to_run), cell.key, failed[cell.key])
                 continue
             random_mean = mean_actors_per_round(cell_config(spec, partner), cell_run_id(spec.name, partner))
             if random_mean is not None:
@@ -170,18 +177,18 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
                                else f"no nitro cell to match; random_boost_prob={config.scaler.random_boost_prob}")
         state, done_rounds = cell_state(config, run_id)
         if state == "done":
-            log.info("cell %d/%d %s: finished earlier (%d rounds), skipped", i, len(cells), cell.key, done_rounds)
+            log.info("cell %d/%d %s: finished earlier (%d rounds), skipped", i, len(to_run), cell.key, done_rounds)
             _close_if_left_running(tracker, run_id)
             results[cell.key] = {"run_id": run_id, "state": "skipped", "rounds_done": done_rounds}
             continue
         mismatch = saved_config_mismatch(config, run_id)
         if mismatch:
             failed[cell.key] = mismatch
-            log.error("cell %d/%d %s: %s", i, len(cells), cell.key, mismatch)
+            log.error("cell %d/%d %s: %s", i, len(to_run), cell.key, mismatch)
             if fail_fast:
                 break
             continue
-        log.info("cell %d/%d %s: %s (run %s)", i, len(cells), cell.key,
+        log.info("cell %d/%d %s: %s (run %s)", i, len(to_run), cell.key,
                  "resuming after round %d" % done_rounds if state == "partial" else "starting", run_id)
         try:
             attach_child(tracker, config, run_id, parent, {TAG_EXPERIMENT: tracker.experiment_name, TAG_CELL: cell.key,
@@ -191,14 +198,14 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
             raise
         except Exception as exc:  # noqa: BLE001 - one cell failing must not stop the study
             failed[cell.key] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-            log.exception("cell %d/%d %s failed", i, len(cells), cell.key)
+            log.exception("cell %d/%d %s failed", i, len(to_run), cell.key)
             if fail_fast:
                 break
             continue
         mark_done(config, run_id, result.model_dump())
         results[cell.key] = {**result.model_dump(), "state": "ran"}
         ret = result.final_eval_return
-        log.info("cell %d/%d %s: %d rounds, %s, final evaluation return %s, spend $%.4f", i, len(cells), cell.key,
+        log.info("cell %d/%d %s: %d rounds, %s, final evaluation return %s, spend $%.4f", i, len(to_run), cell.key,
                  result.rounds_done, result.stop_reason,
                  "n/a" if ret is None or math.isnan(ret) else f"{ret:.1f}", result.spend_usd)
 
@@ -225,7 +232,8 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
         f"Report: [MLflow parent run]({mlflow_url}) (artifacts → `report/README.md`), "
         f"and on disk at `{out_dir.resolve()}`.\n\n"
         f"{len(cells)} cells: {sum(r['state'] == 'ran' for r in results.values())} ran, "
-        f"{sum(r['state'] == 'skipped' for r in results.values())} skipped (finished earlier), {len(failed)} failed.\n\n"
+        f"{sum(r['state'] == 'skipped' for r in results.values())} skipped (finished earlier), {len(failed)} failed"
+        f"{f', {len(cells) - len(to_run)} left out by --only' if len(to_run) < len(cells) else ''}.\n\n"
         + _summary_markdown(report),
         key=f"nitro-experiment-{_slug(spec.name)}",
         description=f"Nitro experiment {spec.name}: summary and link to the full report",
@@ -241,7 +249,7 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
         "failed": failed,
     }
     if failed:
-        raise ExperimentFailed(f"{len(failed)} of {len(cells)} cells failed ({'; '.join(f'{k}: {v}' for k, v in list(failed.items())[:3])}); "
+        raise ExperimentFailed(f"{len(failed)} of {len(to_run)} cells failed ({'; '.join(f'{k}: {v}' for k, v in list(failed.items())[:3])}); "
                                "re-run the same command to resume them")
     return outcome
 

@@ -147,6 +147,34 @@ def test_sensitivity_expansion_reuses_base_value_cells():
     assert set(groups["detector.subset_size"]) == {256, 1024}
 
 
+def test_only_selects_cells_and_names_a_bad_field_or_value():
+    from cli.experiment import parse_only
+    from nitro.experiments import ExperimentError, expand_cells, load_spec, select_cells
+
+    spec = load_spec({"name": "s", "matrix": {"env": ["Hopper-v5", "Walker2d-v5"], "scaler": ["nitro", "fixed", "random"],
+                                              "seed": [0, 1]}, "compare": "rounds", "rounds": 2})
+    cells = expand_cells(spec)
+    picked = select_cells(cells, parse_only(["env=Walker2d-v5", "scaler=nitro,random", "seed=1"]))
+    assert [c.key for c in picked] == ["Walker2d-v5/ppo/nitro/seed=1", "Walker2d-v5/ppo/random/seed=1"]
+    assert select_cells(cells, {}) == cells
+    with pytest.raises(ExperimentError, match="--only size: not a cell field"):
+        select_cells(cells, {"size": ["1"]})
+    with pytest.raises(ExperimentError, match="--only env: Ant-v5 not in the spec's cells"):
+        select_cells(cells, {"env": ["Ant-v5"]})
+    with pytest.raises(ExperimentError, match="expected FIELD=V1,V2"):
+        parse_only(["env"])
+
+
+def test_ratio_ci_by_hand():
+    from nitro.experiments.stats import ratio_ci
+
+    assert ratio_ci([2.0, 2.0], [1.0, 1.0]) == {"ratio": 2.0, "lo": 2.0, "hi": 2.0}
+    # one arm of {1, 3}: its bootstrap means are 1, 2 or 3 (1/4, 1/2, 1/4), over a fixed 2
+    r = ratio_ci([1.0, 3.0], [2.0])
+    assert r["ratio"] == 1.0 and r["lo"] == 0.5 and r["hi"] == 1.5
+    assert math.isnan(ratio_ci([], [1.0])["ratio"]) and math.isnan(ratio_ci([1.0], [float("nan")])["lo"])
+
+
 # -- a tiny real experiment through the flow ---------------------------------------------------------
 
 
@@ -161,6 +189,7 @@ def _tiny(tmp_path: Path, redis_url: str) -> tuple[dict, str]:
         "matrix": {"env": ["Hopper-v5"], "algo": ["ppo"], "scaler": ["nitro", "random"], "seed": [0, 1]},
         "compare": "rounds",
         "rounds": 2,
+        "reference": "nitro",
     }
     return spec, uri
 
@@ -173,9 +202,15 @@ def test_tiny_experiment_through_the_flow(prefect_api, tmp_path, redis_url):
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(spec))
     out_dir = tmp_path / "report"
 
+    # --only: seed 0's cells run, and the report covers the whole spec
+    part = asyncio.run(experiment(spec_path=str(tmp_path / "tiny.yaml"), report_dir=str(out_dir), only={"seed": ["0"]}))
+    assert [(k, r["state"]) for k, r in part["results"].items()] == [
+        ("Hopper-v5/ppo/nitro/seed=0", "ran"), ("Hopper-v5/ppo/random/seed=0", "ran")]
+    assert "Cells finished: 2 of 4" in (out_dir / "README.md").read_text()
+
     result = asyncio.run(experiment(spec_path=str(tmp_path / "tiny.yaml"), report_dir=str(out_dir)))
-    assert not result["failed"]
-    assert [r["state"] for r in result["results"].values()] == ["ran"] * 4
+    assert not result["failed"] and result["parent_run_id"] == part["parent_run_id"]
+    assert [r["state"] for r in result["results"].values()] == ["skipped", "skipped", "ran", "ran"]
 
     # one parent run, four cell runs nested under it, all finished, in the experiment `tiny`
     client = MlflowClient(tracking_uri=uri)
@@ -209,6 +244,16 @@ def test_tiny_experiment_through_the_flow(prefect_api, tmp_path, redis_url):
     assert set(summary) == {"nitro", "random"} and all(s["n"] == 2 for s in summary.values())
     readme = (out_dir / "README.md").read_text()
     assert "±" in readme and "Machine and versions" in readme
+    # random against the reference (nitro): the ratio of the seeds' means, its CI around it
+    (ratio,) = results["ratios"]
+    assert (ratio["label"], ratio["reference"], ratio["n"], ratio["n_reference"]) == ("random", "nitro", 2, 2)
+    assert math.isclose(ratio["spend"]["ratio"],
+                        summary["random"]["total_spend_usd_mean"] / summary["nitro"]["total_spend_usd_mean"], rel_tol=1e-9)
+    assert ratio["spend"]["lo"] <= ratio["spend"]["ratio"] <= ratio["spend"]["hi"]
+    assert "Against `nitro`" in readme
+    # every cell's whole config, as it ran
+    assert set(results["configs"]) == {c for c in (r["cell"] for r in results["runs"])}
+    assert {cfg["scaler"]["name"] for cfg in results["configs"].values()} == {"nitro", "random"}
 
     # `nitro compare --experiment tiny` prints the same numbers as the report
     # (not capsys: Prefect's console log handler, created during the flow, would keep its closed stream)

@@ -60,6 +60,7 @@ from nitro.experiments.cells import (
     cell_scaler,
     expand_cells,
     nitro_partner,
+    select_cells,
     sensitivity_cells,
 )
 from nitro.experiments.load import load_spec
@@ -111,6 +112,7 @@ __all__ = [
     "mean_actors_per_round",
     "nitro_partner",
     "saved_config_mismatch",
+    "select_cells",
     "sensitivity_cells",
     "summarize",
 ]

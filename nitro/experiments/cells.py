@@ -8,7 +8,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from nitro.config import NitroConfig
 
@@ -100,6 +100,26 @@ def expand_cells(spec: ExperimentSpec, sensitivity: bool = False) -> list[Cell]:
                                 seen.add(cell.key)
                                 cells.append(cell)
     return cells
+
+
+CELL_FIELDS = ("env", "algo", "scaler", "seed")
+
+
+def select_cells(cells: Sequence[Cell], only: Mapping[str, Sequence[str]]) -> list[Cell]:
+    """The cells whose env, algo, scaler and seed are each among ``only``'s values for that field
+    (a field ``only`` does not name matches any value), in run order. Raises ExperimentError,
+    naming the field, for a field that is not a cell's or a value no cell has."""
+    from nitro.experiments.spec import ExperimentError
+
+    for field, values in only.items():
+        if field not in CELL_FIELDS:
+            raise ExperimentError(f"--only {field}: not a cell field; choose from {', '.join(CELL_FIELDS)}")
+        present = {str(getattr(c, field)) for c in cells}
+        missing = [v for v in values if str(v) not in present]
+        if missing:
+            raise ExperimentError(f"--only {field}: {', '.join(map(str, missing))} not in the spec's cells "
+                                  f"({', '.join(sorted(present))})")
+    return [c for c in cells if all(str(getattr(c, f)) in {str(v) for v in vs} for f, vs in only.items())]
 
 
 def sensitivity_cells(spec: ExperimentSpec, cells: Sequence[Cell]) -> dict[str, dict[Any, list[Cell]]]:

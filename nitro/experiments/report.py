@@ -13,7 +13,14 @@ from typing import Any, Iterable, Mapping, Sequence
 from nitro.experiments.cells import Cell, _fmt_value, _slug, cell_config, sensitivity_cells
 from nitro.experiments.machine import machine_info, machine_markdown
 from nitro.experiments.spec import ExperimentSpec
-from nitro.experiments.stats import _finite, experiment_rows, format_summary, summarize
+from nitro.experiments.stats import (
+    _finite,
+    experiment_rows,
+    format_ratios,
+    format_summary,
+    ratios_against,
+    summarize,
+)
 
 REPORT_METRICS = ("eval_return_mean", "eval_stochastic_return_mean", "train_return_mean", "actors_launched", "env_steps_total", "spend_round_usd",
                   "spend_total_usd", "boost_score", "hessian_R", "round_s", "round_lambda_s", "round_billed_s")
@@ -25,6 +32,7 @@ class Report:
     files: list[Path] = field(default_factory=list)
     summary: list[dict[str, Any]] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
+    ratios: list[dict[str, Any]] = field(default_factory=list)
     markdown: str = ""
 
 
@@ -149,6 +157,12 @@ def build_report(
                                               out / f"{stem}-total-spend.png", title=f"{title}: total spend",
                                               ylabel="USD"))
             md += [format_summary(summ), ""]
+            ratios = ratios_against(summ, spec.reference)
+            if ratios:
+                md += [f"Against `{spec.reference}`: each entry's mean over seeds divided by `{spec.reference}`'s, "
+                       "with a percentile-bootstrap 95% CI (each arm's seeds resampled on their own).", "",
+                       format_ratios(ratios), ""]
+                report.ratios += ratios
             md += [f"![{p.stem}]({add(p)})" for p in figs] + [""]
 
     sens = sensitivity_cells(spec, cells)
@@ -195,9 +209,11 @@ def build_report(
                     "total_spend_usd_ci95", "rounds_done_mean", "env_steps_total_mean", "pretrain_episodes_mean",
                     "pretrain_env_steps_mean", "pretrain_usd_mean"]
     add(_write_csv(out / "summary.csv", report.summary, summary_cols))
+    configs = {c.key: cell_config(spec, c).model_dump(mode="json") for c in cells}
     results = {
         "experiment": spec.name, "spec": spec.model_dump(mode="json"), "parent_run_id": parent_run_id,
-        "tracking_uri": tracking_uri, "machine": info, "summary": report.summary, "runs": rows,
+        "tracking_uri": tracking_uri, "machine": info, "summary": report.summary, "ratios": report.ratios,
+        "configs": configs, "runs": rows,
         "rounds": {r["run_name"]: histories[r["mlflow_run_id"]] for r in rows}, "notes": dict(notes or {}),
     }
     results_path = out / "results.json"

@@ -115,6 +115,8 @@ class ExperimentSpec(_Strict):
     baselines: dict[str, BaselineSpec] = Field(
         default_factory=dict, description="named scalers with their own overrides (default: BUILTIN_BASELINES)")
     sensitivity: SensitivitySpec | None = None
+    reference: str = Field("fixed", description="the matrix entry the report divides every other entry's "
+                           "return and spend by (no ratio table when the matrix lacks it)")
     report_dir: str | None = Field(None, description="default: docs/results/<name>")
 
     @model_validator(mode="after")

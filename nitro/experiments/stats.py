@@ -1,9 +1,12 @@
-"""An experiment's numbers: the same rows as ``nitro compare``, and their mean ± 95% CI over seeds."""
+"""An experiment's numbers: the same rows as ``nitro compare``, their mean ± 95% CI over seeds, and
+each entry's ratio to a reference entry with a bootstrap 95% CI."""
 
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
 
 from nitro.experiments.cells import Cell, cell_run_id
 
@@ -119,3 +122,46 @@ def format_summary(summary: Sequence[Mapping[str, Any]], *, markdown: bool = Tru
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
     fmt = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
     return "\n".join([fmt(headers), fmt(["-" * w for w in widths]), *(fmt(c) for c in cells)])
+
+
+def ratio_ci(a: Sequence[float], b: Sequence[float], seed: int = 0, draws: int = 10_000) -> dict[str, float]:
+    """mean(a) / mean(b) with a percentile-bootstrap 95% CI over seeds, each arm resampled on its
+    own (the arms' seeds are not paired: the same seed diverges once the scalers differ). NaN
+    where an arm is empty or not finite."""
+    a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    nan = {"ratio": math.nan, "lo": math.nan, "hi": math.nan}
+    if not (len(a_arr) and len(b_arr)) or not (np.isfinite(a_arr).all() and np.isfinite(b_arr).all()):
+        return nan
+    rng = np.random.default_rng(seed)
+    num = rng.choice(a_arr, (draws, len(a_arr))).mean(axis=1)
+    den = rng.choice(b_arr, (draws, len(b_arr))).mean(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boots = num / den
+    return {"ratio": float(a_arr.mean() / b_arr.mean()), "lo": float(np.nanpercentile(boots, 2.5)),
+            "hi": float(np.nanpercentile(boots, 97.5))}
+
+
+def ratios_against(summary: Sequence[Mapping[str, Any]], reference: str) -> list[dict[str, Any]]:
+    """Per (env, algo), every other label's final return and total spend as ratios to
+    ``reference``'s (``ratio_ci``); empty where the reference has no finished seeds."""
+    out = []
+    for ref in (s for s in summary if s["label"] == reference and s["final_return_values"]):
+        for s in summary:
+            if (s["env"], s["algo"]) != (ref["env"], ref["algo"]) or s["label"] == reference:
+                continue
+            out.append({"env": s["env"], "algo": s["algo"], "label": s["label"], "reference": reference,
+                        "n": len(s["final_return_values"]), "n_reference": len(ref["final_return_values"]),
+                        "return": ratio_ci(s["final_return_values"], ref["final_return_values"]),
+                        "spend": ratio_ci(s["total_spend_usd_values"], ref["total_spend_usd_values"])})
+    return out
+
+
+def format_ratios(ratios: Sequence[Mapping[str, Any]]) -> str:
+    """The ratio table, Markdown."""
+    def cell(r: Mapping[str, float]) -> str:
+        return "-" if not _finite(r["ratio"]) else f"{r['ratio']:.2f} ({r['lo']:.2f}-{r['hi']:.2f})"
+
+    lines = ["| scaler | against | seeds | final return ratio (95% CI) | spend ratio (95% CI) |", "|---|---|---|---|---|"]
+    lines += [f"| {r['label']} | {r['reference']} | {r['n']} / {r['n_reference']} | {cell(r['return'])} | {cell(r['spend'])} |"
+              for r in ratios]
+    return "\n".join(lines)

@@ -1,0 +1,121 @@
+"""Where does boosting pay? The numbers that cut across the boost studies' reports.
+
+Reads the experiment reports (``docs/results/<name>/results.json``, written by ``nitro
+experiment``) and, per report, env and matrix entry, prints and writes:
+
+- the final return (mean ± 95% t-interval over seeds) and its ratio to ``fixed`` with a
+  percentile-bootstrap 95% CI (``nitro.experiments.stats.ratio_ci``);
+- what an actor adds to the bill (``marginal_cost``: its own invocation in its round, and the
+  update on its samples in the next), and from it how many more samples a dollar buys in a
+  64-actor round than in an 8-actor one. This is the mechanism the studies turn on: when the
+  update's time grows with the round's samples, a boosted round's samples cost about what a plain
+  round's do, and boosting only moves samples between rounds;
+- env steps bought per dollar.
+
+    python bench/boost_study.py                         # the boost-* reports that exist
+    python bench/boost_study.py docs/results/hopper-lambda docs/results/boost-constant-steps
+
+No training runs here: it only reads reports, so it may run beside a study.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from _common import RESULTS, machine
+
+from nitro.experiments.stats import ratio_ci
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_REPORTS = ("hopper-lambda", "boost-equal-money", "boost-constant-steps", "boost-stellaris", "boost-paper-terms")
+
+
+def mean_ci95(values: list[float]) -> tuple[float, float]:
+    from nitro.plots import mean_ci95 as ci
+
+    return ci(values)
+
+
+def marginal_cost(runs_rounds: list[list[dict]]) -> dict:
+    """What an actor adds to the bill: spend_k = a + b x actors_k + c x actors_(k-1), least squares
+    over the rounds of the given runs (each run's first and last rounds left out; the last also pays
+    for the final evaluation). A round's actors are billed in it (b), and the update on their samples
+    in the next round (c), so an actor's marginal cost is m = b + c, and a dollar buys
+    (64 / (a + 64 m)) / (8 / (a + 8 m)) times the samples in a 64-actor round that it does in an
+    8-actor one (> 1: boosted samples are cheaper). NaN where the actor counts never vary."""
+    x, y = [], []
+    for rounds in runs_rounds:
+        rs = sorted(rounds, key=lambda r: r["round"])
+        for prev, cur in zip(rs[1:-2], rs[2:-1]):
+            vals = (cur.get("actors_launched"), prev.get("actors_launched"), cur.get("spend_round_usd"))
+            if all(v is not None and math.isfinite(v) for v in vals):
+                x.append([1.0, vals[0], vals[1]])
+                y.append(vals[2])
+    nan = {"a": math.nan, "per_actor": math.nan, "rounds": len(y), "samples_per_usd_64_over_8": math.nan}
+    if len(y) < 4 or np.linalg.matrix_rank(np.asarray(x)) < 3:
+        return nan
+    (a, b, c), *_ = np.linalg.lstsq(np.asarray(x), np.asarray(y), rcond=None)
+    m = b + c
+    return {"a": float(a), "per_actor": float(m), "rounds": len(y),
+            "samples_per_usd_64_over_8": float((64 / (a + 64 * m)) / (8 / (a + 8 * m)))}
+
+
+def study(report_dir: Path) -> dict:
+    results = json.loads((report_dir / "results.json").read_text())
+    runs = [r for r in results["runs"] if r.get("status") == "FINISHED" and not r.get("variant")]
+    out: dict = {"experiment": results["experiment"], "machine": results.get("machine", {}).get("cpu"),
+                 "compare": results["spec"]["compare"], "budget_usd": results["spec"].get("budget_usd"),
+                 "rounds": results["spec"].get("rounds"), "groups": []}
+    for env in sorted({r["env"] for r in runs}):
+        labels = list(dict.fromkeys(r["label"] for r in runs if r["env"] == env))
+        finals = {lab: [float(r["final_return"]) for r in runs if r["env"] == env and r["label"] == lab
+                        and r.get("final_return") is not None] for lab in labels}
+        for lab in labels:
+            lab_runs = [r for r in runs if r["env"] == env and r["label"] == lab]
+            spend = [float(r["total_spend_usd"]) for r in lab_runs]
+            steps = [float(r["env_steps_total"]) for r in lab_runs]
+            mean, half = mean_ci95(finals[lab])
+            out["groups"].append({
+                "env": env, "label": lab, "seeds": len(finals[lab]), "final_return": mean, "final_return_ci95": half,
+                "vs_fixed": ratio_ci(finals[lab], finals["fixed"]) if "fixed" in finals and lab != "fixed" else None,
+                "spend_usd": float(np.mean(spend)), "rounds_done": float(np.mean([r["rounds_done"] for r in lab_runs])),
+                "env_steps_per_usd": float(np.sum(steps) / np.sum(spend)) if np.sum(spend) > 0 else math.nan,
+                "cost": marginal_cost([results["rounds"][r["run_name"]] for r in lab_runs]),
+            })
+    return out
+
+
+def fmt_ratio(r: dict | None) -> str:
+    return "-" if not r or not math.isfinite(r["ratio"]) else f"{r['ratio']:.2f} ({r['lo']:.2f}-{r['hi']:.2f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("reports", nargs="*", help="report directories (default: the boost studies under docs/results)")
+    args = parser.parse_args()
+    dirs = [Path(p) for p in args.reports] or [ROOT / "docs/results" / n for n in DEFAULT_REPORTS]
+    studies = [study(d) for d in dirs if (d / "results.json").exists()]
+    if not studies:
+        sys.exit("no report with a results.json among: " + ", ".join(map(str, dirs)))
+    print("| study | env | scaler | seeds | final return | vs fixed (95% CI) | spend | rounds | env steps/$ "
+          "| $ per actor, marginal | $ per round, fixed part | samples/$, 64-actor / 8-actor round |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for s in studies:
+        for g in s["groups"]:
+            c = g["cost"]
+            print(f"| {s['experiment']} | {g['env']} | {g['label']} | {g['seeds']} | {g['final_return']:.0f} ± "
+                  f"{g['final_return_ci95']:.0f} | {fmt_ratio(g['vs_fixed'])} | {g['spend_usd']:.4f} | {g['rounds_done']:.0f} "
+                  f"| {g['env_steps_per_usd']:.3g} | {c['per_actor']:.2e} | {c['a']:.2e} | {c['samples_per_usd_64_over_8']:.2f} |")
+    out = RESULTS / "boost_study.json"
+    out.write_text(json.dumps({"machine": machine(), "studies": studies}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
