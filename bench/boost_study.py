@@ -30,16 +30,10 @@ import numpy as np
 
 from _common import RESULTS, machine
 
-from nitro.experiments.stats import ratio_ci
+from nitro.experiments.stats import ratios_against
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_REPORTS = ("hopper-lambda", "boost-equal-money", "boost-constant-steps", "boost-stellaris", "boost-paper-terms")
-
-
-def mean_ci95(values: list[float]) -> tuple[float, float]:
-    from nitro.plots import mean_ci95 as ci
-
-    return ci(values)
 
 
 def marginal_cost(runs_rounds: list[list[dict]]) -> dict:
@@ -67,27 +61,25 @@ def marginal_cost(runs_rounds: list[list[dict]]) -> dict:
 
 
 def study(report_dir: Path) -> dict:
+    """The report's own summary (mean ± CI per entry) and its ratios to ``fixed``, with each
+    entry's samples per dollar and marginal cost from its finished runs' rounds."""
     results = json.loads((report_dir / "results.json").read_text())
-    runs = [r for r in results["runs"] if r.get("status") == "FINISHED" and not r.get("variant")]
+    summary = [s for s in results["summary"] if not s.get("sensitivity") and s["final_return_values"]]
+    vs_fixed = {(r["env"], r["label"]): r["return"] for r in ratios_against(summary, "fixed")}
     out: dict = {"experiment": results["experiment"], "machine": results.get("machine", {}).get("cpu"),
                  "compare": results["spec"]["compare"], "budget_usd": results["spec"].get("budget_usd"),
                  "rounds": results["spec"].get("rounds"), "groups": []}
-    for env in sorted({r["env"] for r in runs}):
-        labels = list(dict.fromkeys(r["label"] for r in runs if r["env"] == env))
-        finals = {lab: [float(r["final_return"]) for r in runs if r["env"] == env and r["label"] == lab
-                        and r.get("final_return") is not None] for lab in labels}
-        for lab in labels:
-            lab_runs = [r for r in runs if r["env"] == env and r["label"] == lab]
-            spend = [float(r["total_spend_usd"]) for r in lab_runs]
-            steps = [float(r["env_steps_total"]) for r in lab_runs]
-            mean, half = mean_ci95(finals[lab])
-            out["groups"].append({
-                "env": env, "label": lab, "seeds": len(finals[lab]), "final_return": mean, "final_return_ci95": half,
-                "vs_fixed": ratio_ci(finals[lab], finals["fixed"]) if "fixed" in finals and lab != "fixed" else None,
-                "spend_usd": float(np.mean(spend)), "rounds_done": float(np.mean([r["rounds_done"] for r in lab_runs])),
-                "env_steps_per_usd": float(np.sum(steps) / np.sum(spend)) if np.sum(spend) > 0 else math.nan,
-                "cost": marginal_cost([results["rounds"][r["run_name"]] for r in lab_runs]),
-            })
+    for s in summary:
+        runs = [r for r in results["runs"] if r["env"] == s["env"] and r["label"] == s["label"]
+                and r.get("status") == "FINISHED" and not r.get("variant")]
+        out["groups"].append({
+            "env": s["env"], "label": s["label"], "seeds": len(s["final_return_values"]),
+            "final_return": s["final_return_mean"], "final_return_ci95": s["final_return_ci95"],
+            "vs_fixed": vs_fixed.get((s["env"], s["label"])),
+            "spend_usd": s["total_spend_usd_mean"], "rounds_done": s["rounds_done_mean"],
+            "env_steps_per_usd": s["env_steps_total_mean"] / s["total_spend_usd_mean"],
+            "cost": marginal_cost([results["rounds"][r["run_name"]] for r in runs]),
+        })
     return out
 
 

@@ -251,7 +251,7 @@ def test_tiny_experiment_through_the_flow(prefect_api, tmp_path, redis_url):
                         summary["random"]["total_spend_usd_mean"] / summary["nitro"]["total_spend_usd_mean"], rel_tol=1e-9)
     assert ratio["spend"]["lo"] <= ratio["spend"]["ratio"] <= ratio["spend"]["hi"]
     assert "Against `nitro`" in readme
-    # every cell's whole config, as it ran
+    # every cell's whole config from the spec (a random cell's matched mean actors are in the notes)
     assert set(results["configs"]) == {c for c in (r["cell"] for r in results["runs"])}
     assert {cfg["scaler"]["name"] for cfg in results["configs"].values()} == {"nitro", "random"}
 
