@@ -27,8 +27,10 @@ from prefect import flow, runtime
 from prefect.artifacts import acreate_link_artifact, acreate_markdown_artifact
 
 from nitro.experiments import (
+    TAG_MACHINE,
     ExperimentSpec,
     build_report,
+    carried_runs,
     cell_config,
     cell_run_id,
     cell_scaler,
@@ -36,6 +38,7 @@ from nitro.experiments import (
     expand_cells,
     load_spec,
     mark_done,
+    machine_info,
     mean_actors_per_round,
     nitro_partner,
     saved_config_mismatch,
@@ -152,14 +155,24 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
     tracker = RunTracker(uri, spec.name)
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     parent = ensure_parent_run(tracker, spec, flow_run_id)
-    log.info("experiment %s: %d cells%s, MLflow parent run %s", spec.name, len(cells),
-             f" ({len(to_run)} selected by --only)" if len(to_run) < len(cells) else "", parent)
+    out_dir = Path(report_dir or spec.report_dir or Path("docs/results") / spec.name)
+    carried = carried_runs(out_dir, spec, cells)
+    machine = machine_info()["cpu"]
+    log.info("experiment %s: %d cells%s%s, MLflow parent run %s", spec.name, len(cells),
+             f" ({len(to_run)} selected by --only)" if len(to_run) < len(cells) else "",
+             f", {len(carried)} finished earlier on other machines ({out_dir / 'results.json'})" if carried else "",
+             parent)
 
     results: dict[str, dict[str, Any]] = {}
-    notes: dict[str, str] = {}
+    notes: dict[str, str] = {k: run.note for k, run in carried.items() if run.note}
     failed: dict[str, str] = {}
     for i, cell in enumerate(to_run, 1):
         run_id = cell_run_id(spec.name, cell)
+        if cell.key in carried and cell_state(cell_config(spec, cell), run_id)[0] != "done":
+            log.info("cell %d/%d %s: finished on %s, carried from the report, skipped", i, len(to_run), cell.key,
+                     carried[cell.key].row.get("machine"))
+            results[cell.key] = {"run_id": run_id, "state": "carried"}
+            continue
         random_mean = None
         if cell_scaler(spec, cell) == "random":
             partner = nitro_partner(cell)
@@ -168,6 +181,8 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
                 log.warning("cell %d/%d %s: %s", i, len(to_run), cell.key, failed[cell.key])
                 continue
             random_mean = mean_actors_per_round(cell_config(spec, partner), cell_run_id(spec.name, partner))
+            if random_mean is None and partner.key in carried:
+                random_mean = carried[partner.key].mean_actors_per_round
             if random_mean is not None:
                 notes[cell.key] = f"random_mean_actors={random_mean:.3f}, measured on {partner.key}"
         config = cell_config(spec, cell, random_mean)
@@ -192,7 +207,7 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
                  "resuming after round %d" % done_rounds if state == "partial" else "starting", run_id)
         try:
             attach_child(tracker, config, run_id, parent, {TAG_EXPERIMENT: tracker.experiment_name, TAG_CELL: cell.key,
-                                                           TAG_LABEL: cell.label})
+                                                           TAG_LABEL: cell.label, TAG_MACHINE: machine})
             result = await run_training(config, run_id)
         except (KeyboardInterrupt, SystemExit):
             raise
@@ -209,9 +224,8 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
                  result.rounds_done, result.stop_reason,
                  "n/a" if ret is None or math.isnan(ret) else f"{ret:.1f}", result.spend_usd)
 
-    out_dir = Path(report_dir or spec.report_dir or Path("docs/results") / spec.name)
     notes.update({k: f"FAILED: {v}" for k, v in failed.items()})
-    report = build_report(spec, cells, uri, out_dir, parent_run_id=parent, notes=notes)
+    report = build_report(spec, cells, uri, out_dir, parent_run_id=parent, notes=notes, carried=carried)
     client = tracker.client
     client.log_artifacts(parent, str(out_dir), "report")
     for s in report.summary:
@@ -232,7 +246,9 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
         f"Report: [MLflow parent run]({mlflow_url}) (artifacts → `report/README.md`), "
         f"and on disk at `{out_dir.resolve()}`.\n\n"
         f"{len(cells)} cells: {sum(r['state'] == 'ran' for r in results.values())} ran, "
-        f"{sum(r['state'] == 'skipped' for r in results.values())} skipped (finished earlier), {len(failed)} failed"
+        f"{sum(r['state'] == 'skipped' for r in results.values())} skipped (finished earlier), "
+        f"{sum(r['state'] == 'carried' for r in results.values())} carried from the report (finished on other machines), "
+        f"{len(failed)} failed"
         f"{f', {len(cells) - len(to_run)} left out by --only' if len(to_run) < len(cells) else ''}.\n\n"
         + _summary_markdown(report),
         key=f"nitro-experiment-{_slug(spec.name)}",

@@ -302,3 +302,50 @@ def test_partial_cell_resumes_from_its_checkpoint(prefect_api, tmp_path, redis_u
                                filter_string="tags.`nitro.run_id` = '%s'" % run_id)
     assert len(child) == 1 and child[0].info.status == "FINISHED"
     assert sorted(m.step for m in client.get_metric_history(child[0].info.run_id, "round")) == [0, 1]
+
+
+def test_a_study_goes_on_from_its_report_on_another_machine(prefect_api, tmp_path, redis_url):
+    """The MLflow store and checkpoints stay on the machine that ran a cell; the report goes on.
+    A second machine (a fresh home and store, the same report directory) carries the finished cell
+    from results.json instead of training it again, matches the random cell to its actors, and
+    names each run's machine."""
+    from flows.experiment import experiment
+    from nitro.experiments import carried_runs
+
+    spec, _ = _tiny(tmp_path, redis_url)
+    spec["matrix"]["seed"] = [0]
+    out_dir = tmp_path / "report"
+    first = asyncio.run(experiment(spec=spec, report_dir=str(out_dir), only={"scaler": ["nitro"]}))
+    assert [r["state"] for r in first["results"].values()] == ["ran"]
+    results = json.loads((out_dir / "results.json").read_text())
+    (nitro_row,) = results["runs"]
+    assert nitro_row["machine"] == results["machine"]["cpu"]
+    results["machine"]["cpu"] = "the first machine's CPU"  # what a report from another CPU model holds
+    for run in results["runs"]:
+        run.pop("machine")  # and one written before runs named their machine
+    (out_dir / "results.json").write_text(json.dumps(results))
+
+    spec["base"]["home"] = str(tmp_path / "home-2")
+    spec["base"]["tracking"]["mlflow_uri"] = f"sqlite:///{tmp_path}/mlflow-2.db"
+    second = asyncio.run(experiment(spec=spec, report_dir=str(out_dir)))
+    assert [(k, r["state"]) for k, r in second["results"].items()] == [
+        ("Hopper-v5/ppo/nitro/seed=0", "carried"), ("Hopper-v5/ppo/random/seed=0", "ran")]
+    parsed = load_spec(spec)
+    nitro_cell = expand_cells(parsed)[0]
+    assert cell_state(cell_config(parsed, nitro_cell), cell_run_id("tiny", nitro_cell)) == ("new", 0)  # not trained here
+
+    after = json.loads((out_dir / "results.json").read_text())
+    by_label = {r["label"]: r for r in after["runs"]}
+    assert by_label["nitro"]["final_return"] == nitro_row["final_return"]
+    assert by_label["nitro"]["machine"] == "the first machine's CPU"
+    assert by_label["random"]["machine"] == after["machine"]["cpu"]
+    assert after["rounds"][nitro_row["run_name"]] == results["rounds"][nitro_row["run_name"]]
+    launched = [h["actors_launched"] for h in results["rounds"][nitro_row["run_name"]] if h.get("actors_launched")]
+    assert f"random_mean_actors={sum(launched) / len(launched):.3f}" in after["notes"]["Hopper-v5/ppo/random/seed=0"]
+    readme = (out_dir / "README.md").read_text()
+    assert "Cells finished: 2 of 2" in readme and "the first machine's CPU: 1" in readme
+    assert "machine" in (out_dir / "runs.csv").read_text().splitlines()[0].split(",")
+
+    # a cell trained with another config is not the spec's cell any more: it runs again
+    spec["base"]["steps_per_actor"] = 32
+    assert carried_runs(out_dir, load_spec(spec), expand_cells(load_spec(spec))) == {}

@@ -48,11 +48,19 @@ actors per round (over the rounds that launched actors, read from its checkpoint
 cell. With no nitro cell for that (env, algo, seed) the random cell keeps the base config's
 ``scaler.random_mean_actors`` or ``random_boost_prob``; the report says which was used.
 
+On another machine: a cell's checkpoints and MLflow run stay where it ran, but its report keeps
+its numbers (``results.json``: row, per-round history, config, machine). Run on a new machine with
+the same report directory, the experiment carries each finished cell whose training config is
+unchanged (``carry.py``) into the new report and does not train it again; a random cell is matched
+to a carried nitro cell's actors. Each run's CPU model is in ``runs.csv`` (``machine``, the run's
+``nitro.machine`` tag), and the report lists the runs by machine when they differ.
+
 Sensitivity (``--sensitivity``): one parameter at a time, the others at the base value, for the
 ``sensitivity.scaler`` cells (default nitro) over ``sensitivity.seeds``. A swept value equal to
 the base value is the main matrix's cell itself, not a second run.
 """
 
+from nitro.experiments.carry import CarriedRun, carried_runs
 from nitro.experiments.cells import (
     Cell,
     cell_config,
@@ -65,7 +73,7 @@ from nitro.experiments.cells import (
 )
 from nitro.experiments.load import load_spec
 from nitro.experiments.machine import machine_info
-from nitro.experiments.report import REPORT_METRICS, Report, build_report, iter_report_files
+from nitro.experiments.report import REPORT_METRICS, TAG_MACHINE, Report, build_report, iter_report_files
 from nitro.experiments.spec import (
     BUILTIN_BASELINES,
     SENSITIVITY_KEYS,
@@ -90,7 +98,9 @@ __all__ = [
     "REPORT_METRICS",
     "SENSITIVITY_KEYS",
     "SUMMARY_COLUMNS",
+    "TAG_MACHINE",
     "BaselineSpec",
+    "CarriedRun",
     "Cell",
     "ExperimentError",
     "ExperimentSpec",
@@ -98,6 +108,7 @@ __all__ = [
     "Report",
     "SensitivitySpec",
     "build_report",
+    "carried_runs",
     "cell_config",
     "cell_run_id",
     "cell_scaler",

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+from collections import Counter
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from nitro.experiments.carry import CarriedRun
 from nitro.experiments.cells import Cell, _fmt_value, _slug, cell_config, sensitivity_cells
 from nitro.experiments.machine import machine_info, machine_markdown
 from nitro.experiments.spec import ExperimentSpec
@@ -22,6 +24,7 @@ from nitro.experiments.stats import (
     summarize,
 )
 
+TAG_MACHINE = "nitro.machine"  # the CPU model a cell's run trained on, set when the experiment starts it
 REPORT_METRICS = ("eval_return_mean", "eval_stochastic_return_mean", "train_return_mean", "actors_launched", "env_steps_total", "spend_round_usd",
                   "spend_total_usd", "boost_score", "hessian_R", "round_s", "round_lambda_s", "round_billed_s")
 
@@ -65,12 +68,15 @@ def build_report(
     *,
     parent_run_id: str | None = None,
     notes: Mapping[str, str] | None = None,
+    carried: Mapping[str, CarriedRun] | None = None,
 ) -> Report:
     """Plots, Markdown summary (README.md), CSV/JSON raw numbers and machine info in ``out_dir``.
 
     Everything comes from MLflow: the per-run table is ``nitro compare``'s rows (same code, same
     formatting), the summary aggregates those rows, the curves are the runs' metric histories.
-    ``notes``: per cell key, a remark (e.g. where a random cell's mean actors came from)."""
+    ``notes``: per cell key, a remark (e.g. where a random cell's mean actors came from).
+    ``carried``: per cell key, a run finished on another machine (``nitro.experiments.carry``),
+    reported from the earlier report's numbers where this MLflow store has no finished run of it."""
     from mlflow.tracking import MlflowClient
 
     from nitro import plots
@@ -79,16 +85,27 @@ def build_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     report = Report(out)
-    rows = experiment_rows(tracking_uri, spec, cells)
-    report.rows = rows
+    info = machine_info()
     client = MlflowClient(tracking_uri=tracking_uri)
     histories: dict[str, list[dict[str, float]]] = {}
-    for r in rows:
+    rows = []
+    for r in experiment_rows(tracking_uri, spec, cells):
+        if r["status"] != "FINISHED" and r["cell"] in (carried or {}):
+            continue  # the cell finished elsewhere; this store holds only a start of it
         per_step: dict[int, dict[str, float]] = {}
         for key in REPORT_METRICS:
             for m in client.get_metric_history(r["mlflow_run_id"], key):
                 per_step.setdefault(int(m.step), {"round": int(m.step)})[key] = m.value
         histories[r["mlflow_run_id"]] = [per_step[k] for k in sorted(per_step)]
+        rows.append({**r, "machine": client.get_run(r["mlflow_run_id"]).data.tags.get(TAG_MACHINE, info["cpu"])})
+    here = {r["cell"] for r in rows}
+    for key, run in (carried or {}).items():
+        if key not in here:
+            rows.append(run.row)
+            histories[run.row["mlflow_run_id"]] = run.history
+    order = {c.key: i for i, c in enumerate(cells)}
+    rows.sort(key=lambda r: order[r["cell"]])
+    report.rows = rows
 
     main_labels = list(dict.fromkeys(c.label for c in cells if not c.is_sensitivity))
     main_rows = [r for r in rows if not r["variant"]]
@@ -195,12 +212,15 @@ def build_report(
            format_table(rows, markdown=True), ""]
     if notes:
         md += ["## Notes", ""] + [f"- `{k}`: {v}" for k, v in notes.items()] + [""]
-    info = machine_info()
     md += machine_markdown(info)
+    machines = dict(Counter(str(r.get("machine")) for r in rows))
+    if len(machines) > 1 or (machines and info["cpu"] not in machines):
+        md += ["Runs by machine (CPU models differ; compare runs within one): "
+               + "; ".join(f"{m}: {n}" for m, n in machines.items()) + ". `runs.csv` names each run's.", ""]
 
     run_cols = ["run_name", "nitro_run_id", "mlflow_run_id", "cell", "label", "env", "algo", "scaler", "seed",
                 "rounds_done", "final_return", "total_spend_usd", "env_steps_total", "pretrain_episodes",
-                "pretrain_env_steps", "pretrain_usd", "status"]
+                "pretrain_env_steps", "pretrain_usd", "status", "machine"]
     add(_write_csv(out / "runs.csv", rows, run_cols))
     round_rows = [{"run_name": r["run_name"], "label": r["label"], "env": r["env"], "algo": r["algo"], "seed": r["seed"],
                    **h} for r in rows for h in histories[r["mlflow_run_id"]]]
