@@ -10,7 +10,9 @@ experiment``) and, per report, env and matrix entry, prints and writes:
   64-actor round than in an 8-actor one. This is the mechanism the studies turn on: when the
   update's time grows with the round's samples, a boosted round's samples cost about what a plain
   round's do, and boosting only moves samples between rounds;
-- env steps bought per dollar.
+- env steps bought per dollar;
+- per probe report (``docs/results/<name>/probe.json``, written by ``nitro probe``): Spearman's rho
+  of R_k against a boost's gain, with its CI, and the mean gain over the branches.
 
     python bench/boost_study.py                         # the boost-* reports that exist
     python bench/boost_study.py docs/results/hopper-lambda docs/results/boost-constant-steps
@@ -34,6 +36,8 @@ from nitro.experiments.stats import ratios_against
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_REPORTS = ("hopper-lambda", "boost-equal-money", "boost-constant-steps", "boost-stellaris", "boost-paper-terms")
+DEFAULT_PROBES = ("hopper-probe", "probe-hopper", "probe-hopper-constant-steps", "probe-walker2d",
+                  "probe-walker2d-constant-steps")
 
 
 def marginal_cost(runs_rounds: list[list[dict]]) -> dict:
@@ -83,6 +87,20 @@ def study(report_dir: Path) -> dict:
     return out
 
 
+def probe(report_dir: Path) -> dict:
+    """A probe report's rho (R_k against the gain at mean action) and its mean gain ± 95% CI."""
+    from nitro.plots import mean_ci95
+
+    results = json.loads((report_dir / "probe.json").read_text())
+    gains = [r["gain"] for r in results["rows"] if r.get("gain") is not None and math.isfinite(r["gain"])]
+    mean, ci = mean_ci95(gains) if gains else (math.nan, math.nan)
+    spec = results["spec"]
+    return {"probe": spec["name"], "env": spec["base"]["env_id"], "machine": results.get("machine", {}).get("cpu"),
+            "horizon": spec["horizon"], "seeds": len(spec["seeds"]), "branches": len(gains),
+            "minibatches": (spec["base"].get("ppo") or {}).get("minibatches"),
+            "rho_R_gain": results["correlations"].get("hessian_R~gain"), "gain_mean": mean, "gain_ci95": ci}
+
+
 def fmt_ratio(r: dict | None) -> str:
     return "-" if not r or not math.isfinite(r["ratio"]) else f"{r['ratio']:.2f} ({r['lo']:.2f}-{r['hi']:.2f})"
 
@@ -104,8 +122,16 @@ def main() -> None:
             print(f"| {s['experiment']} | {g['env']} | {g['label']} | {g['seeds']} | {g['final_return']:.0f} ± "
                   f"{g['final_return_ci95']:.0f} | {fmt_ratio(g['vs_fixed'])} | {g['spend_usd']:.4f} | {g['rounds_done']:.0f} "
                   f"| {g['env_steps_per_usd']:.3g} | {c['per_actor']:.2e} | {c['a']:.2e} | {c['samples_per_usd_64_over_8']:.2f} |")
+    probes = [probe(ROOT / "docs/results" / n) for n in DEFAULT_PROBES if (ROOT / "docs/results" / n / "probe.json").exists()]
+    print("\n| probe | env | horizon | seeds | branches | ppo.minibatches | rho, R_k vs gain (95% CI) | mean gain |")
+    print("|---|---|---|---|---|---|---|---|")
+    for p in probes:
+        c = p["rho_R_gain"] or {}
+        print(f"| {p['probe']} | {p['env']} | {p['horizon']} | {p['seeds']} | {p['branches']} | {p['minibatches'] or '-'} "
+              f"| {c.get('rho', math.nan):+.2f} ({c.get('ci_low', math.nan):+.2f} to {c.get('ci_high', math.nan):+.2f}) "
+              f"| {p['gain_mean']:+.1f} ± {p['gain_ci95']:.1f} |")
     out = RESULTS / "boost_study.json"
-    out.write_text(json.dumps({"machine": machine(), "studies": studies}, indent=1))
+    out.write_text(json.dumps({"machine": machine(), "studies": studies, "probes": probes}, indent=1))
     print(f"wrote {out}")
 
 

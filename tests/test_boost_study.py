@@ -1,0 +1,50 @@
+"""bench/boost_study.py's arithmetic against answers worked by hand: an actor's marginal cost from
+rounds billed by a known formula, and a probe report's rho and mean gain."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import boost_study  # noqa: E402
+
+
+def _rounds(actors: list[int], a: float, b: float, c: float) -> list[dict]:
+    """A run whose round k is billed a + b x actors_k + c x actors_(k-1) exactly."""
+    return [{"round": k, "actors_launched": float(n),
+             "spend_round_usd": a + b * n + c * (actors[k - 1] if k else 0)} for k, n in enumerate(actors)]
+
+
+def test_marginal_cost_recovers_the_billing_formula():
+    a, b, c = 1e-3, 2e-5, 3e-5
+    runs = [_rounds([8, 8, 64, 8, 8, 32, 16, 8, 64, 64, 8, 8], a, b, c), _rounds([16, 8, 8, 40, 8, 24, 8, 8], a, b, c)]
+    cost = boost_study.marginal_cost(runs)
+    assert cost["a"] == pytest.approx(a, rel=1e-9) and cost["per_actor"] == pytest.approx(b + c, rel=1e-9)
+    # 64 actors cost 1e-3 + 64 x 5e-5 = 4.2e-3 (15238 samples-units per $); 8 cost 1.4e-3 (5714)
+    assert cost["samples_per_usd_64_over_8"] == pytest.approx((64 / 4.2e-3) / (8 / 1.4e-3), rel=1e-9)
+    assert cost["rounds"] == 9 + 5  # each run's first and last rounds left out
+
+
+def test_marginal_cost_is_nan_when_the_actors_never_vary():
+    cost = boost_study.marginal_cost([_rounds([8] * 10, 1e-3, 2e-5, 3e-5)])
+    assert math.isnan(cost["per_actor"]) and math.isnan(cost["samples_per_usd_64_over_8"])
+
+
+def test_probe_reads_rho_and_the_mean_gain(tmp_path):
+    gains = [10.0, -4.0, 6.0, None]
+    (tmp_path / "probe.json").write_text(json.dumps({
+        "spec": {"name": "p", "base": {"env_id": "Hopper-v5", "ppo": {"minibatches": 32}}, "horizon": 8, "seeds": [0, 1]},
+        "rows": [{"gain": g} for g in gains],
+        "correlations": {"hessian_R~gain": {"n": 3, "rho": -0.5, "ci_low": -0.9, "ci_high": 0.4}},
+        "machine": {"cpu": "cpu"}}))
+    p = boost_study.probe(tmp_path)
+    assert (p["horizon"], p["seeds"], p["branches"], p["minibatches"]) == (8, 2, 3, 32)
+    assert p["gain_mean"] == pytest.approx(4.0)
+    # t(0.975, 2) = 4.303 (to the table's three decimals); the sample sd of (10, -4, 6) is sqrt(52)
+    assert p["gain_ci95"] == pytest.approx(4.302653 * math.sqrt(52) / math.sqrt(3), rel=1e-3)
+    assert p["rho_R_gain"]["rho"] == -0.5
