@@ -27,7 +27,6 @@ from prefect import flow, runtime
 from prefect.artifacts import acreate_link_artifact, acreate_markdown_artifact
 
 from nitro.experiments import (
-    TAG_MACHINE,
     ExperimentSpec,
     build_report,
     carried_runs,
@@ -39,12 +38,13 @@ from nitro.experiments import (
     load_spec,
     mark_done,
     machine_info,
+    mean_actors_launched,
     mean_actors_per_round,
     nitro_partner,
     saved_config_mismatch,
     select_cells,
 )
-from nitro.tracking import RunTracker, default_tracking_uri
+from nitro.tracking import TAG_MACHINE, RunTracker, default_tracking_uri
 
 log = logging.getLogger("nitro")
 
@@ -182,7 +182,7 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
                 continue
             random_mean = mean_actors_per_round(cell_config(spec, partner), cell_run_id(spec.name, partner))
             if random_mean is None and partner.key in carried:
-                random_mean = carried[partner.key].mean_actors_per_round
+                random_mean = mean_actors_launched(carried[partner.key].history)
             if random_mean is not None:
                 notes[cell.key] = f"random_mean_actors={random_mean:.3f}, measured on {partner.key}"
         config = cell_config(spec, cell, random_mean)

@@ -18,6 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from nitro.tracking import (
     SENTINEL_METRIC,
+    TAG_MACHINE,
     TAG_RUN_ID,
     TrackingError,
     normalize_tracking_uri,
@@ -144,6 +145,7 @@ def _row(client: MlflowClient, run, experiment_names: Mapping[str, str]) -> dict
     row["env_steps_total"] = metrics.get("env_steps_total")
     row.update(pretrain_record(tags))
     row["status"] = run.info.status
+    row["machine"] = tags.get(TAG_MACHINE)
     row["start_time"] = (
         datetime.fromtimestamp(run.info.start_time / 1000, tz=timezone.utc).isoformat(timespec="seconds")
         if run.info.start_time

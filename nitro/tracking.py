@@ -93,6 +93,8 @@ SENTINEL_METRIC = "round"
 HEADLINE_PREFIX = "Headline/"
 
 TAG_RUN_ID = "nitro.run_id"
+# The CPU model a run trained on: the projected clock bills measured learner time, so spend compares within one.
+TAG_MACHINE = "nitro.machine"
 TAG_COST_MODEL = "nitro.cost_model"
 TAG_CHECKPOINT = "nitro.checkpoint_uri"
 TAG_RUN_NAME = "mlflow.runName"

@@ -73,7 +73,7 @@ from nitro.experiments.cells import (
 )
 from nitro.experiments.load import load_spec
 from nitro.experiments.machine import machine_info
-from nitro.experiments.report import REPORT_METRICS, TAG_MACHINE, Report, build_report, iter_report_files
+from nitro.experiments.report import REPORT_METRICS, Report, build_report, iter_report_files
 from nitro.experiments.spec import (
     BUILTIN_BASELINES,
     SENSITIVITY_KEYS,
@@ -87,6 +87,7 @@ from nitro.experiments.state import (
     DONE_MARKER,
     cell_state,
     mark_done,
+    mean_actors_launched,
     mean_actors_per_round,
     saved_config_mismatch,
 )
@@ -98,7 +99,6 @@ __all__ = [
     "REPORT_METRICS",
     "SENSITIVITY_KEYS",
     "SUMMARY_COLUMNS",
-    "TAG_MACHINE",
     "BaselineSpec",
     "CarriedRun",
     "Cell",
@@ -120,6 +120,7 @@ __all__ = [
     "load_spec",
     "machine_info",
     "mark_done",
+    "mean_actors_launched",
     "mean_actors_per_round",
     "nitro_partner",
     "saved_config_mismatch",

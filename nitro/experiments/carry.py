@@ -28,11 +28,6 @@ class CarriedRun:
     history: list[dict[str, float]]  # the report's per-round metrics of the run
     note: str | None = None  # the report's note on the cell, e.g. where a random cell's mean actors came from
 
-    @property
-    def mean_actors_per_round(self) -> float | None:
-        """Over the rounds that launched any, as ``nitro.experiments.state.mean_actors_per_round``."""
-        counts = [float(h["actors_launched"]) for h in self.history if (h.get("actors_launched") or 0) > 0]
-        return sum(counts) / len(counts) if counts else None
 
 
 def training_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
-from collections import Counter
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -24,7 +24,6 @@ from nitro.experiments.stats import (
     summarize,
 )
 
-TAG_MACHINE = "nitro.machine"  # the CPU model a cell's run trained on, set when the experiment starts it
 REPORT_METRICS = ("eval_return_mean", "eval_stochastic_return_mean", "train_return_mean", "actors_launched", "env_steps_total", "spend_round_usd",
                   "spend_total_usd", "boost_score", "hessian_R", "round_s", "round_lambda_s", "round_billed_s")
 
@@ -97,7 +96,7 @@ def build_report(
             for m in client.get_metric_history(r["mlflow_run_id"], key):
                 per_step.setdefault(int(m.step), {"round": int(m.step)})[key] = m.value
         histories[r["mlflow_run_id"]] = [per_step[k] for k in sorted(per_step)]
-        rows.append({**r, "machine": client.get_run(r["mlflow_run_id"]).data.tags.get(TAG_MACHINE, info["cpu"])})
+        rows.append({**r, "machine": r["machine"] or info["cpu"]})  # a run from before runs were tagged ran here
     here = {r["cell"] for r in rows}
     for key, run in (carried or {}).items():
         if key not in here:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import yaml
 
@@ -61,9 +61,12 @@ def mean_actors_per_round(config: NitroConfig, run_id: str) -> float | None:
     """Mean actors launched per round over the rounds that launched any (the budget-stop round
     launches none and is left out), from the run's latest checkpoint; None if there is none."""
     state = _checkpoint_state(config, run_id)
-    if not state:
-        return None
-    counts = [float(r.get("actors_launched", 0)) for r in state.get("history") or []]
+    return mean_actors_launched(state.get("history") or []) if state else None
+
+
+def mean_actors_launched(history: Iterable[Mapping[str, Any]]) -> float | None:
+    """Mean ``actors_launched`` over the history rows that launched any; None if none did."""
+    counts = [float(r.get("actors_launched") or 0) for r in history]
     counts = [c for c in counts if c > 0]
     return sum(counts) / len(counts) if counts else None
 
