@@ -160,7 +160,7 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
     machine = machine_info()["cpu"]
     log.info("experiment %s: %d cells%s%s, MLflow parent run %s", spec.name, len(cells),
              f" ({len(to_run)} selected by --only)" if len(to_run) < len(cells) else "",
-             f", {len(carried)} finished earlier on other machines ({out_dir / 'results.json'})" if carried else "",
+             f", {len(carried)} finished in its report ({out_dir / 'results.json'})" if carried else "",
              parent)
 
     results: dict[str, dict[str, Any]] = {}
