@@ -29,7 +29,6 @@ class CarriedRun:
     note: str | None = None  # the report's note on the cell, e.g. where a random cell's mean actors came from
 
 
-
 def training_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in PLACE_FIELDS}
 
