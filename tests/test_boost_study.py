@@ -48,3 +48,9 @@ def test_probe_reads_rho_and_the_mean_gain(tmp_path):
     # t(0.975, 2) = 4.303 (to the table's three decimals); the sample sd of (10, -4, 6) is sqrt(52)
     assert p["gain_ci95"] == pytest.approx(4.302653 * math.sqrt(52) / math.sqrt(3), rel=1e-3)
     assert p["rho_R_gain"]["rho"] == -0.5
+
+
+def test_a_one_seed_group_prints_its_mean_without_an_interval():
+    # a study stopped after one seed stores no interval (None); the table says n=1 rather than failing
+    assert boost_study.fmt_mean({"final_return": 3476.2, "final_return_ci95": None}) == "3476 (n=1)"
+    assert boost_study.fmt_mean({"final_return": 2848.4, "final_return_ci95": 1219.3}) == "2848 ± 1219"
