@@ -32,7 +32,7 @@ import numpy as np
 
 from _common import RESULTS, machine
 
-from nitro.experiments.stats import ratios_against
+from nitro.experiments.stats import mean_pm, ratios_against
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_REPORTS = ("hopper-lambda", "boost-equal-money", "boost-constant-steps", "boost-stellaris", "boost-paper-terms")
@@ -105,12 +105,6 @@ def fmt_ratio(r: dict | None) -> str:
     return "-" if not r or not math.isfinite(r["ratio"]) else f"{r['ratio']:.2f} ({r['lo']:.2f}-{r['hi']:.2f})"
 
 
-def fmt_mean(g: dict) -> str:
-    """Mean ± 95% CI over seeds; one seed has no interval, and says so."""
-    ci = g["final_return_ci95"]
-    return f"{g['final_return']:.0f} (n=1)" if ci is None or not math.isfinite(ci) else f"{g['final_return']:.0f} ± {ci:.0f}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="*", help="report directories (default: the boost studies under docs/results)")
@@ -125,7 +119,8 @@ def main() -> None:
     for s in studies:
         for g in s["groups"]:
             c = g["cost"]
-            print(f"| {s['experiment']} | {g['env']} | {g['label']} | {g['seeds']} | {fmt_mean(g)} "
+            final = mean_pm(g["final_return"], g["final_return_ci95"], ".0f")
+            print(f"| {s['experiment']} | {g['env']} | {g['label']} | {g['seeds']} | {final} "
                   f"| {fmt_ratio(g['vs_fixed'])} | {g['spend_usd']:.4f} | {g['rounds_done']:.0f} "
                   f"| {g['env_steps_per_usd']:.3g} | {c['per_actor']:.2e} | {c['a']:.2e} | {c['samples_per_usd_64_over_8']:.2f} |")
     probes = [probe(ROOT / "docs/results" / n) for n in DEFAULT_PROBES if (ROOT / "docs/results" / n / "probe.json").exists()]

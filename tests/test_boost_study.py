@@ -13,6 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import boost_study  # noqa: E402
 
+from nitro.experiments.stats import mean_pm  # noqa: E402
+
 
 def _rounds(actors: list[int], a: float, b: float, c: float) -> list[dict]:
     """A run whose round k is billed a + b x actors_k + c x actors_(k-1) exactly."""
@@ -52,5 +54,5 @@ def test_probe_reads_rho_and_the_mean_gain(tmp_path):
 
 def test_a_one_seed_group_prints_its_mean_without_an_interval():
     # a study stopped after one seed stores no interval (None); the table says n=1 rather than failing
-    assert boost_study.fmt_mean({"final_return": 3476.2, "final_return_ci95": None}) == "3476 (n=1)"
-    assert boost_study.fmt_mean({"final_return": 2848.4, "final_return_ci95": 1219.3}) == "2848 ± 1219"
+    assert mean_pm(3476.2, None, ".0f") == "3476 (n=1)"
+    assert mean_pm(2848.4, 1219.3, ".0f") == "2848 ± 1219"

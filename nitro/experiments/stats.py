@@ -95,7 +95,8 @@ def _pretrain_cell(s: Mapping[str, Any]) -> str:
             f"{s['pretrain_env_steps_mean']:.0f} env steps)")
 
 
-def _pm(mean: float, half: float, fmt: str) -> str:
+def mean_pm(mean: float, half: float | None, fmt: str) -> str:
+    """Mean ± 95% half-width; a single seed has no interval and says so."""
     if not _finite(mean):
         return "-"
     return f"{mean:{fmt}} ± {half:{fmt}}" if _finite(half) else f"{mean:{fmt}} (n=1)"
@@ -110,8 +111,8 @@ def format_summary(summary: Sequence[Mapping[str, Any]], *, markdown: bool = Tru
     headers = [h for _, h in SUMMARY_COLUMNS] + ([PRETRAIN_SUMMARY_HEADER] if pretrained else [])
     cells = [[
         s["env"], s["algo"], s["label"], str(s["n"]),
-        _pm(s["final_return_mean"], s["final_return_ci95"], ".2f"),
-        _pm(s["total_spend_usd_mean"], s["total_spend_usd_ci95"], ".4f"),
+        mean_pm(s["final_return_mean"], s["final_return_ci95"], ".2f"),
+        mean_pm(s["total_spend_usd_mean"], s["total_spend_usd_ci95"], ".4f"),
         f"{s['rounds_done_mean']:.1f}" if _finite(s["rounds_done_mean"]) else "-",
         f"{s['env_steps_total_mean']:.0f}" if _finite(s["env_steps_total_mean"]) else "-",
         *([_pretrain_cell(s)] if pretrained else []),
