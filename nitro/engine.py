@@ -370,7 +370,8 @@ class TrainingRun:
             eval_returns={mode: [r for s in unique if s.ok and invocation_mode(s.invocation_id) == mode
                                  for r in s.episode_returns] for mode in EVAL_MODES},
             env_steps=steps, env_steps_total=self.env_steps_total,
-            actors_launched=len(train), actors_failed=len(train) - len(ok), eval_invocations=len(unique) - len(train),
+            actors_launched=len(train), actors_wanted=decision.wanted, actors_failed=len(train) - len(ok),
+            eval_invocations=len(unique) - len(train),
             batches_missing=len(update.missing), actors_corrupt=len(update.corrupt),
             boost_score=decision.score, detection=detection,
             learner_s=update.seconds, actor_s=actor_s, round_lambda_s=lambda_s, round_billed_s=billed_s,

@@ -16,6 +16,8 @@ e.g. ``ppo/kl``, and with actors on VMs the fleet's ``vm/instances``, ``vm/start
     train_episodes                       training episodes that ended in the round
     env_steps, env_steps_total           env steps this round / cumulative
     actors_launched, actors_failed       actor invocations started / failed or missing
+    actors_wanted                        the scaler's count before the budget cap (above
+                                         actors_launched only where the cap bound)
     batches_missing, actors_corrupt      batches absent at the deadline / dropped at the learner's door
     boost_score                          the scaler's boosting score S_k (NaN: no score)
     hessian_R, lambda_max, lambda_min    detection output
@@ -48,7 +50,7 @@ ROUND_METRICS: tuple[str, ...] = (
     "eval_invocations",
     "train_return_mean", "train_return_max", "train_episodes",
     "env_steps", "env_steps_total",
-    "actors_launched", "actors_failed", "batches_missing", "actors_corrupt",
+    "actors_launched", "actors_wanted", "actors_failed", "batches_missing", "actors_corrupt",
     "boost_score", "hessian_R", "lambda_max", "lambda_min",
     "spend_round_usd", "spend_total_usd",
     "spend_learner_usd", "spend_lambda_compute_usd", "spend_requests_usd", "spend_provisioned_usd",
@@ -83,6 +85,7 @@ def round_metrics(
     env_steps: int,
     env_steps_total: int,
     actors_launched: int,
+    actors_wanted: int,
     actors_failed: int,
     eval_invocations: int,
     batches_missing: int,
@@ -113,6 +116,7 @@ def round_metrics(
         "env_steps": float(env_steps),
         "env_steps_total": float(env_steps_total),
         "actors_launched": float(actors_launched),
+        "actors_wanted": float(actors_wanted),
         "actors_failed": float(actors_failed),
         "eval_invocations": float(eval_invocations),
         "batches_missing": float(batches_missing),
@@ -156,7 +160,9 @@ def round_line(round_index: int, metrics: Mapping[str, float], rounds: int) -> s
     evaluated = "" if math.isnan(m["eval_return_mean"]) else f" eval={m['eval_return_mean']:.1f}"
     r = "" if math.isnan(m["hessian_R"]) else f" R={m['hessian_R']:.3g}"
     failed = f" ({int(m['actors_failed'])} failed)" if m["actors_failed"] else ""
-    return (f"round {round_index} of 0..{rounds - 1}: actors={int(m['actors_launched'])}{failed} "
+    capped = (f" (capped by budget: {int(m['actors_wanted'])} wanted)"
+              if m.get("actors_wanted", 0) > m["actors_launched"] else "")
+    return (f"round {round_index} of 0..{rounds - 1}: actors={int(m['actors_launched'])}{failed}{capped} "
             f"steps={int(m['env_steps'])} train_return={train}{evaluated}{r} "
             f"spend=${m['spend_total_usd']:.4f} {m['round_s']:.1f}s")
 

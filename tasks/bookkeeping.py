@@ -33,8 +33,8 @@ from tasks.artifacts import artifact_key, upsert_artifact
 log = logging.getLogger("nitro")
 
 # The columns of the flow run's round table (round first: 0-based, like everywhere else).
-TABLE_COLUMNS = ("round", "actors_launched", "actors_failed", "env_steps", "eval_return_mean", "train_return_mean",
-                 "hessian_R", "boost_score", "spend_round_usd", "spend_total_usd", "round_s")
+TABLE_COLUMNS = ("round", "actors_launched", "actors_wanted", "actors_failed", "env_steps", "eval_return_mean",
+                 "train_return_mean", "hessian_R", "boost_score", "spend_round_usd", "spend_total_usd", "round_s")
 # States a run can be left in by a process that was killed (all but the final ones).
 UNFINISHED = [StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED, StateType.PAUSED, StateType.CANCELLING]
 

@@ -81,6 +81,12 @@ def test_rounds_are_numbered_from_zero_in_the_cli_line():
     """The same index as Prefect's `<run id>-round-<k>`, the table's `round` and MLflow's step."""
     assert round_line(0, METRICS, 15).startswith("round 0 of 0..14: actors=8 ")
     assert round_line(14, METRICS, 15).startswith("round 14 of 0..14: ")
+    assert "capped" not in round_line(0, {**METRICS, "actors_wanted": 8}, 15)
+
+
+def test_the_cli_line_says_when_the_budget_cut_the_scalers_count():
+    line = round_line(3, {**METRICS, "actors_launched": 5, "actors_wanted": 16}, 15)
+    assert line.startswith("round 3 of 0..14: actors=5 (capped by budget: 16 wanted) ")
 
 
 def test_table_artifact_payload_is_json_with_nulls_and_whole_numbers():

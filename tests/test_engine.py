@@ -78,6 +78,9 @@ def test_budget_is_never_exceeded_and_the_run_stops_cleanly(redis_url, pool, clo
     # The run ends on an evaluation of its last policy, paid from the reserve it kept for it.
     last = reports[-1].metrics
     assert last["actors_launched"] == 0 and last["eval_invocations"] == 2 * training.config.eval.episodes
+    # Each round records what the scaler wanted beside what the budget let it launch.
+    assert all(r.metrics["actors_wanted"] >= r.metrics["actors_launched"] for r in reports)
+    assert last["actors_wanted"] >= 2
     assert last["eval_episodes"] == training.config.eval.episodes and not math.isnan(last["eval_return_mean"])
     assert training.final_return()[0] == reports[-1].round
     assert float(training.ledger.spent) == pytest.approx(sum(r.metrics["spend_round_usd"] for r in reports))

@@ -24,8 +24,9 @@ from nitro.experiments.stats import (
     summarize,
 )
 
-REPORT_METRICS = ("eval_return_mean", "eval_stochastic_return_mean", "train_return_mean", "actors_launched", "env_steps_total", "spend_round_usd",
-                  "spend_total_usd", "boost_score", "hessian_R", "round_s", "round_lambda_s", "round_billed_s")
+REPORT_METRICS = ("eval_return_mean", "eval_stochastic_return_mean", "train_return_mean", "actors_launched",
+                  "actors_wanted", "env_steps_total", "spend_round_usd", "spend_total_usd", "boost_score", "hessian_R",
+                  "round_s", "round_lambda_s", "round_billed_s")
 
 
 @dataclass
