@@ -32,7 +32,7 @@ import numpy as np
 
 from _common import RESULTS, machine
 
-from nitro.experiments.stats import mean_pm, ratios_against
+from nitro.experiments.stats import format_ratio, mean_pm, ratios_against
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_REPORTS = ("hopper-lambda", "boost-equal-money", "boost-constant-steps", "boost-stellaris", "boost-paper-terms")
@@ -101,10 +101,6 @@ def probe(report_dir: Path) -> dict:
             "rho_R_gain": results["correlations"].get("hessian_R~gain"), "gain_mean": mean, "gain_ci95": ci}
 
 
-def fmt_ratio(r: dict | None) -> str:
-    return "-" if not r or not math.isfinite(r["ratio"]) else f"{r['ratio']:.2f} ({r['lo']:.2f}-{r['hi']:.2f})"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="*", help="report directories (default: the boost studies under docs/results)")
@@ -121,7 +117,7 @@ def main() -> None:
             c = g["cost"]
             final = mean_pm(g["final_return"], g["final_return_ci95"], ".0f")
             print(f"| {s['experiment']} | {g['env']} | {g['label']} | {g['seeds']} | {final} "
-                  f"| {fmt_ratio(g['vs_fixed'])} | {g['spend_usd']:.4f} | {g['rounds_done']:.0f} "
+                  f"| {format_ratio(g['vs_fixed'])} | {g['spend_usd']:.4f} | {g['rounds_done']:.0f} "
                   f"| {g['env_steps_per_usd']:.3g} | {c['per_actor']:.2e} | {c['a']:.2e} | {c['samples_per_usd_64_over_8']:.2f} |")
     probes = [probe(ROOT / "docs/results" / n) for n in DEFAULT_PROBES if (ROOT / "docs/results" / n / "probe.json").exists()]
     print("\n| probe | env | horizon | seeds | branches | ppo.minibatches | rho, R_k vs gain (95% CI) | mean gain |")

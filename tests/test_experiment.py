@@ -166,13 +166,20 @@ def test_only_selects_cells_and_names_a_bad_field_or_value():
 
 
 def test_ratio_ci_by_hand():
-    from nitro.experiments.stats import ratio_ci
+    from nitro.experiments.stats import format_ratios, ratio_ci
 
-    assert ratio_ci([2.0, 2.0], [1.0, 1.0]) == {"ratio": 2.0, "lo": 2.0, "hi": 2.0}
-    # one arm of {1, 3}: its bootstrap means are 1, 2 or 3 (1/4, 1/2, 1/4), over a fixed 2
-    r = ratio_ci([1.0, 3.0], [2.0])
-    assert r["ratio"] == 1.0 and r["lo"] == 0.5 and r["hi"] == 1.5
+    assert ratio_ci([2.0, 2.0, 2.0], [1.0, 1.0, 1.0]) == {"ratio": 2.0, "lo": 2.0, "hi": 2.0}
+    # one arm of {1, 1, 4}: its bootstrap means are 1, 2, 3 or 4 (8/27, 12/27, 6/27, 1/27), over a
+    # fixed 2; 2.5% falls on 1/2 and 97.5% on 4/2 (1/27 = 3.7% of the draws)
+    r = ratio_ci([1.0, 1.0, 4.0], [2.0, 2.0, 2.0])
+    assert r["ratio"] == 1.0 and r["lo"] == 0.5 and r["hi"] == 2.0
     assert math.isnan(ratio_ci([], [1.0])["ratio"]) and math.isnan(ratio_ci([1.0], [float("nan")])["lo"])
+    # two seeds give a ratio and no interval, and the table says why
+    two = ratio_ci([1.0, 3.0], [2.0, 2.0, 2.0])
+    assert two["ratio"] == 1.0 and math.isnan(two["lo"]) and math.isnan(two["hi"])
+    table = format_ratios([{"label": "nitro", "reference": "fixed", "n": 2, "n_reference": 3, "return": two,
+                            "spend": ratio_ci([1.0, 1.0, 1.0], [1.0, 1.0, 1.0])}])
+    assert "| nitro | fixed | 2 / 3 | 1.00 (no CI: under 3 seeds) | 1.00 (1.00-1.00) |" in table
 
 
 # -- a tiny real experiment through the flow ---------------------------------------------------------
@@ -244,13 +251,13 @@ def test_tiny_experiment_through_the_flow(prefect_api, tmp_path, redis_url):
     assert set(summary) == {"nitro", "random"} and all(s["n"] == 2 for s in summary.values())
     readme = (out_dir / "README.md").read_text()
     assert "±" in readme and "Machine and versions" in readme
-    # random against the reference (nitro): the ratio of the seeds' means, its CI around it
+    # random against the reference (nitro): the ratio of the seeds' means; two seeds give no CI
     (ratio,) = results["ratios"]
     assert (ratio["label"], ratio["reference"], ratio["n"], ratio["n_reference"]) == ("random", "nitro", 2, 2)
     assert math.isclose(ratio["spend"]["ratio"],
                         summary["random"]["total_spend_usd_mean"] / summary["nitro"]["total_spend_usd_mean"], rel_tol=1e-9)
-    assert ratio["spend"]["lo"] <= ratio["spend"]["ratio"] <= ratio["spend"]["hi"]
-    assert "Against `nitro`" in readme
+    assert ratio["spend"]["lo"] is None and ratio["spend"]["hi"] is None
+    assert "Against `nitro`" in readme and "(no CI: under 3 seeds)" in readme
     # every cell's whole config from the spec (a random cell's matched mean actors are in the notes)
     assert set(results["configs"]) == {c for c in (r["cell"] for r in results["runs"])}
     assert {cfg["scaler"]["name"] for cfg in results["configs"].values()} == {"nitro", "random"}

@@ -125,14 +125,20 @@ def format_summary(summary: Sequence[Mapping[str, Any]], *, markdown: bool = Tru
     return "\n".join([fmt(headers), fmt(["-" * w for w in widths]), *(fmt(c) for c in cells)])
 
 
+MIN_SEEDS_FOR_CI = 3  # a bootstrap of 1-2 seeds per arm draws from 1-3 means: no interval at all
+
+
 def ratio_ci(a: Sequence[float], b: Sequence[float], seed: int = 0, draws: int = 10_000) -> dict[str, float]:
     """mean(a) / mean(b) with a percentile-bootstrap 95% CI over seeds, each arm resampled on its
     own (the arms' seeds are not paired: the same seed diverges once the scalers differ). NaN
-    where an arm is empty or not finite."""
+    where an arm is empty or not finite; the bounds are NaN where an arm has fewer than
+    ``MIN_SEEDS_FOR_CI`` seeds."""
     a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     nan = {"ratio": math.nan, "lo": math.nan, "hi": math.nan}
     if not (len(a_arr) and len(b_arr)) or not (np.isfinite(a_arr).all() and np.isfinite(b_arr).all()):
         return nan
+    if min(len(a_arr), len(b_arr)) < MIN_SEEDS_FOR_CI:
+        return {**nan, "ratio": float(a_arr.mean() / b_arr.mean())}
     rng = np.random.default_rng(seed)
     num = rng.choice(a_arr, (draws, len(a_arr))).mean(axis=1)
     den = rng.choice(b_arr, (draws, len(b_arr))).mean(axis=1)
@@ -157,12 +163,18 @@ def ratios_against(summary: Sequence[Mapping[str, Any]], reference: str) -> list
     return out
 
 
+def format_ratio(r: Mapping[str, float] | None) -> str:
+    """One ``ratio_ci`` as ``ratio (lo-hi)``; says so where there are too few seeds for an interval."""
+    if not r or not _finite(r["ratio"]):
+        return "-"
+    if not _finite(r["lo"]):
+        return f"{r['ratio']:.2f} (no CI: under {MIN_SEEDS_FOR_CI} seeds)"
+    return f"{r['ratio']:.2f} ({r['lo']:.2f}-{r['hi']:.2f})"
+
+
 def format_ratios(ratios: Sequence[Mapping[str, Any]]) -> str:
     """The ratio table, Markdown."""
-    def cell(r: Mapping[str, float]) -> str:
-        return "-" if not _finite(r["ratio"]) else f"{r['ratio']:.2f} ({r['lo']:.2f}-{r['hi']:.2f})"
-
     lines = ["| scaler | against | seeds | final return ratio (95% CI) | spend ratio (95% CI) |", "|---|---|---|---|---|"]
-    lines += [f"| {r['label']} | {r['reference']} | {r['n']} / {r['n_reference']} | {cell(r['return'])} | {cell(r['spend'])} |"
+    lines += [f"| {r['label']} | {r['reference']} | {r['n']} / {r['n_reference']} | {format_ratio(r['return'])} | {format_ratio(r['spend'])} |"
               for r in ratios]
     return "\n".join(lines)
