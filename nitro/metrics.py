@@ -161,7 +161,7 @@ def round_line(round_index: int, metrics: Mapping[str, float], rounds: int) -> s
     r = "" if math.isnan(m["hessian_R"]) else f" R={m['hessian_R']:.3g}"
     failed = f" ({int(m['actors_failed'])} failed)" if m["actors_failed"] else ""
     capped = (f" (capped by budget: {int(m['actors_wanted'])} wanted)"
-              if m.get("actors_wanted", 0) > m["actors_launched"] else "")
+              if m["actors_wanted"] > m["actors_launched"] else "")
     return (f"round {round_index} of 0..{rounds - 1}: actors={int(m['actors_launched'])}{failed}{capped} "
             f"steps={int(m['env_steps'])} train_return={train}{evaluated}{r} "
             f"spend=${m['spend_total_usd']:.4f} {m['round_s']:.1f}s")

@@ -74,7 +74,7 @@ def test_fields_left_at_their_default_keep_the_config_files_values(tmp_path: Pat
 
 
 METRICS = {"train_return_mean": 12.5, "eval_return_mean": math.nan, "hessian_R": 0.5, "actors_failed": 0,
-           "actors_launched": 8, "env_steps": 4096, "spend_total_usd": 0.0021, "round_s": 4.1}
+           "actors_launched": 8, "actors_wanted": 8, "env_steps": 4096, "spend_total_usd": 0.0021, "round_s": 4.1}
 
 
 def test_rounds_are_numbered_from_zero_in_the_cli_line():
