@@ -4,7 +4,8 @@ Reads the experiment reports (``docs/results/<name>/results.json``, written by `
 experiment``) and, per report, env and matrix entry, prints and writes:
 
 - the final return (mean ± 95% t-interval over seeds) and its ratio to ``fixed`` with a
-  percentile-bootstrap 95% CI (``nitro.experiments.stats.ratio_ci``);
+  percentile-bootstrap 95% CI (``nitro.experiments.stats.ratio_ci``), and the same ratio for the
+  mean of each run's last five evaluations (``late_return``), which a swing at the last one moves less;
 - what an actor adds to the bill (``marginal_cost``: its own invocation in its round, and the
   update on its samples in the next), and from it how many more samples a dollar buys in a
   64-actor round than in an 8-actor one. This is the mechanism the studies turn on: when the
@@ -69,7 +70,7 @@ def study(report_dir: Path) -> dict:
     entry's samples per dollar and marginal cost from its finished runs' rounds."""
     results = json.loads((report_dir / "results.json").read_text())
     summary = [s for s in results["summary"] if not s.get("sensitivity") and s["final_return_values"]]
-    vs_fixed = {(r["env"], r["label"]): r["return"] for r in ratios_against(summary, "fixed")}
+    vs_fixed = {(r["env"], r["label"]): r for r in ratios_against(summary, "fixed")}
     out: dict = {"experiment": results["experiment"], "machine": results.get("machine", {}).get("cpu"),
                  "compare": results["spec"]["compare"], "budget_usd": results["spec"].get("budget_usd"),
                  "rounds": results["spec"].get("rounds"), "groups": []}
@@ -79,7 +80,9 @@ def study(report_dir: Path) -> dict:
         out["groups"].append({
             "env": s["env"], "label": s["label"], "seeds": len(s["final_return_values"]),
             "final_return": s["final_return_mean"], "final_return_ci95": s["final_return_ci95"],
-            "vs_fixed": vs_fixed.get((s["env"], s["label"])),
+            "vs_fixed": (vs_fixed.get((s["env"], s["label"])) or {}).get("return"),
+            "late_return": s.get("late_return_mean"),
+            "late_vs_fixed": (vs_fixed.get((s["env"], s["label"])) or {}).get("late_return"),
             "spend_usd": s["total_spend_usd_mean"], "rounds_done": s["rounds_done_mean"],
             "env_steps_per_usd": s["env_steps_total_mean"] / s["total_spend_usd_mean"],
             "cost": marginal_cost([results["rounds"][r["run_name"]] for r in runs]),
@@ -109,15 +112,15 @@ def main() -> None:
     studies = [study(d) for d in dirs if (d / "results.json").exists()]
     if not studies:
         sys.exit("no report with a results.json among: " + ", ".join(map(str, dirs)))
-    print("| study | env | scaler | seeds | final return | vs fixed (95% CI) | spend | rounds | env steps/$ "
-          "| $ per actor, marginal | $ per round, fixed part | samples/$, 64-actor / 8-actor round |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| study | env | scaler | seeds | final return | vs fixed (95% CI) | last 5 evals vs fixed | spend | rounds "
+          "| env steps/$ | $ per actor, marginal | $ per round, fixed part | samples/$, 64-actor / 8-actor round |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for s in studies:
         for g in s["groups"]:
             c = g["cost"]
             final = mean_pm(g["final_return"], g["final_return_ci95"], ".0f")
             print(f"| {s['experiment']} | {g['env']} | {g['label']} | {g['seeds']} | {final} "
-                  f"| {format_ratio(g['vs_fixed'])} | {g['spend_usd']:.4f} | {g['rounds_done']:.0f} "
+                  f"| {format_ratio(g['vs_fixed'])} | {format_ratio(g['late_vs_fixed'])} | {g['spend_usd']:.4f} | {g['rounds_done']:.0f} "
                   f"| {g['env_steps_per_usd']:.3g} | {c['per_actor']:.2e} | {c['a']:.2e} | {c['samples_per_usd_64_over_8']:.2f} |")
     probes = [probe(ROOT / "docs/results" / n) for n in DEFAULT_PROBES if (ROOT / "docs/results" / n / "probe.json").exists()]
     print("\n| probe | env | horizon | seeds | branches | ppo.minibatches | rho, R_k vs gain (95% CI) | mean gain |")

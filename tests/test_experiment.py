@@ -182,6 +182,35 @@ def test_ratio_ci_by_hand():
     assert "| nitro | fixed | 2 / 3 | 1.00 (no CI: under 3 seeds) | 1.00 (1.00-1.00) |" in table
 
 
+def test_late_return_by_hand():
+    from nitro.experiments.stats import format_ratios, format_summary, late_return, ratios_against, summarize
+
+    nan = float("nan")
+    # rounds out of order, NaN between evaluations (rounds that did not evaluate) and a round with no value
+    history = [{"round": 7, "eval_return_mean": 700.0}, {"round": 0, "eval_return_mean": 10.0},
+               {"round": 1, "eval_return_mean": nan}, {"round": 2, "eval_return_mean": 100.0},
+               {"round": 3}, {"round": 4, "eval_return_mean": 300.0}, {"round": 5, "eval_return_mean": 500.0},
+               {"round": 6, "eval_return_mean": 600.0}, {"round": 8, "eval_return_mean": 2.0}]
+    assert late_return(history) == (300 + 500 + 600 + 700 + 2) / 5  # rounds 4-8
+    assert late_return(history, k=2) == 351.0
+    assert late_return(history[:2], k=5) == 355.0  # fewer evaluations than k: all of them
+    assert math.isnan(late_return([{"round": 0, "eval_return_mean": nan}, {"round": 1}]))
+
+    rows = [{"env": "E", "algo": "ppo", "label": lab, "seed": i, "final_return": f, "late_return": lr,
+             "total_spend_usd": 1.0, "rounds_done": 10, "env_steps_total": 100}
+            for lab, vals in (("fixed", [(100.0, 200.0)] * 3), ("nitro", [(300.0, 100.0)] * 3))
+            for i, (f, lr) in enumerate(vals)]
+    summary = summarize(rows, ["nitro", "fixed"])
+    assert [s["late_return_mean"] for s in summary] == [100.0, 200.0]
+    (ratio,) = ratios_against(summary, "fixed")
+    assert ratio["return"]["ratio"] == 3.0 and ratio["late_return"] == {"ratio": 0.5, "lo": 0.5, "hi": 0.5}
+    assert "| nitro | fixed | 3 / 3 | 3.00 (3.00-3.00) | 0.50 (0.50-0.50) | 1.00 (1.00-1.00) |" in format_ratios([ratio])
+    assert "last 5 evals' return" in format_summary(summary) and "| 100.00 ± 0.00 |" in format_summary(summary)
+    # rows without the column (a compare row, not a report's) leave it empty, not zero
+    bare = summarize([{k: v for k, v in r.items() if k != "late_return"} for r in rows])
+    assert math.isnan(bare[0]["late_return_mean"]) and "| - |" in format_summary(bare)
+
+
 # -- a tiny real experiment through the flow ---------------------------------------------------------
 
 
@@ -278,6 +307,13 @@ def test_tiny_experiment_through_the_flow(prefect_api, tmp_path, redis_url):
         vals = [r["final_return"] for r in results["runs"] if r["label"] == label and r["final_return"] is not None]
         if vals:
             assert math.isclose(s["final_return_mean"], sum(vals) / len(vals), rel_tol=1e-12)
+    # the late return: each run's evaluations from its own rounds, the last five of them averaged
+    for run in results["runs"]:
+        evals = [h["eval_return_mean"] for h in results["rounds"][run["run_name"]]
+                 if h.get("eval_return_mean") is not None and math.isfinite(h["eval_return_mean"])]
+        assert evals and math.isclose(run["late_return"], sum(evals[-5:]) / len(evals[-5:]), rel_tol=1e-12)
+        assert evals[-1] == run["final_return"]
+    assert "late_return" in (out_dir / "runs.csv").read_text().splitlines()[0].split(",")
 
     # re-running skips every finished cell and keeps one parent run
     again = asyncio.run(experiment(spec=spec, report_dir=str(out_dir)))
@@ -330,6 +366,7 @@ def test_a_study_goes_on_from_its_report_on_another_machine(prefect_api, tmp_pat
     results["machine"]["cpu"] = "the first machine's CPU"  # what a report from another CPU model holds
     for run in results["runs"]:
         run.pop("machine")  # and one written before runs named their machine
+        run.pop("late_return")  # or before the late return
     (out_dir / "results.json").write_text(json.dumps(results))
 
     spec["base"]["home"] = str(tmp_path / "home-2")
@@ -344,6 +381,7 @@ def test_a_study_goes_on_from_its_report_on_another_machine(prefect_api, tmp_pat
     after = json.loads((out_dir / "results.json").read_text())
     by_label = {r["label"]: r for r in after["runs"]}
     assert by_label["nitro"]["final_return"] == nitro_row["final_return"]
+    assert by_label["nitro"]["late_return"] == nitro_row["late_return"]  # from the carried rounds
     assert by_label["nitro"]["machine"] == "the first machine's CPU"
     assert by_label["random"]["machine"] == after["machine"]["cpu"]
     assert after["rounds"][nitro_row["run_name"]] == results["rounds"][nitro_row["run_name"]]

@@ -16,10 +16,12 @@ from nitro.experiments.cells import Cell, _fmt_value, _slug, cell_config, sensit
 from nitro.experiments.machine import machine_info, machine_markdown
 from nitro.experiments.spec import ExperimentSpec
 from nitro.experiments.stats import (
+    LATE_EVALUATIONS,
     _finite,
     experiment_rows,
     format_ratios,
     format_summary,
+    late_return,
     ratios_against,
     summarize,
 )
@@ -105,6 +107,8 @@ def build_report(
             histories[run.row["mlflow_run_id"]] = run.history
     order = {c.key: i for i, c in enumerate(cells)}
     rows.sort(key=lambda r: order[r["cell"]])
+    for r in rows:  # from the history, so a carried run (its report older than the column) has it too
+        r["late_return"] = late_return(histories[r["mlflow_run_id"]])
     report.rows = rows
 
     main_labels = list(dict.fromkeys(c.label for c in cells if not c.is_sensitivity))
@@ -124,8 +128,10 @@ def build_report(
         "",
         "Final return: the run's last evaluation, whole episodes with the policy's mean action "
         "(`nitro compare`'s `final return`; a budget run spends what it kept in hand on evaluating "
-        "its last policy); total spend: the ledger's cumulative spend. Both as mean ± 95% "
-        "t-interval over seeds.",
+        f"its last policy); last {LATE_EVALUATIONS} evals' return: the mean of the run's last "
+        f"{LATE_EVALUATIONS} evaluations (`rounds.csv`'s `eval_return_mean`), which says where a run "
+        "stood over its last rounds where its last evaluation alone may catch a swing; total spend: "
+        "the ledger's cumulative spend. All as mean ± 95% t-interval over seeds.",
         "",
         _clock_line(cell_config(spec, cells[0])),
         "",
@@ -219,13 +225,14 @@ def build_report(
                + "; ".join(f"{m}: {n}" for m, n in machines.items()) + ". `runs.csv` names each run's.", ""]
 
     run_cols = ["run_name", "nitro_run_id", "mlflow_run_id", "cell", "label", "env", "algo", "scaler", "seed",
-                "rounds_done", "final_return", "total_spend_usd", "env_steps_total", "pretrain_episodes",
+                "rounds_done", "final_return", "late_return", "total_spend_usd", "env_steps_total", "pretrain_episodes",
                 "pretrain_env_steps", "pretrain_usd", "status", "machine"]
     add(_write_csv(out / "runs.csv", rows, run_cols))
     round_rows = [{"run_name": r["run_name"], "label": r["label"], "env": r["env"], "algo": r["algo"], "seed": r["seed"],
                    **h} for r in rows for h in histories[r["mlflow_run_id"]]]
     add(_write_csv(out / "rounds.csv", round_rows, ["run_name", "label", "env", "algo", "seed", "round", *REPORT_METRICS]))
-    summary_cols = ["env", "algo", "label", "n", "final_return_mean", "final_return_ci95", "total_spend_usd_mean",
+    summary_cols = ["env", "algo", "label", "n", "final_return_mean", "final_return_ci95", "late_return_mean",
+                    "late_return_ci95", "total_spend_usd_mean",
                     "total_spend_usd_ci95", "rounds_done_mean", "env_steps_total_mean", "pretrain_episodes_mean",
                     "pretrain_env_steps_mean", "pretrain_usd_mean"]
     add(_write_csv(out / "summary.csv", report.summary, summary_cols))

@@ -38,12 +38,26 @@ def _finite(v: Any) -> bool:
         return False
 
 
+LATE_EVALUATIONS = 5
+
+
+def late_return(history: Sequence[Mapping[str, Any]], k: int = LATE_EVALUATIONS) -> float:
+    """The mean of a run's last ``k`` evaluation returns (``eval_return_mean`` in round order:
+    whole episodes, mean action; all of them where it has fewer), NaN where it has none. A run's
+    last evaluation alone says where its policy happened to stand that round, and between one
+    evaluation and the next a return can swing by thousands; the late return reads its last rounds."""
+    evals = [float(h["eval_return_mean"]) for h in sorted(history, key=lambda h: h["round"])
+             if _finite(h.get("eval_return_mean"))]
+    return sum(evals[-k:]) / len(evals[-k:]) if evals else math.nan
+
+
 SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("env", "env"),
     ("algo", "algo"),
     ("label", "scaler"),
     ("n", "seeds"),
     ("final_return", "final eval return (mean ± 95% CI)"),
+    ("late_return", f"last {LATE_EVALUATIONS} evals' return (mean ± 95% CI)"),
     ("total_spend_usd", "total spend USD (mean ± 95% CI)"),
     ("rounds_done", "rounds (mean)"),
     ("env_steps_total", "env steps (mean)"),
@@ -51,8 +65,9 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 def summarize(rows: Sequence[Mapping[str, Any]], labels: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Per (env, algo, label): mean ± 95% CI over seeds of the compare rows' ``final_return`` and
-    ``total_spend_usd``, and the means of ``rounds_done`` and ``env_steps_total``."""
+    """Per (env, algo, label): mean ± 95% CI over seeds of the compare rows' ``final_return``,
+    ``late_return`` (where the rows have it: the report adds it) and ``total_spend_usd``, and the
+    means of ``rounds_done`` and ``env_steps_total``."""
     from nitro.plots import mean_ci95
 
     groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
@@ -62,6 +77,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], labels: Sequence[str] | None = 
     out = []
     for (env, algo, label), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][2], 1 << 30), kv[0][2])):
         fr = [float(r["final_return"]) for r in rs if _finite(r.get("final_return"))]
+        lr = [float(r["late_return"]) for r in rs if _finite(r.get("late_return"))]
         sp = [float(r["total_spend_usd"]) for r in rs if _finite(r.get("total_spend_usd"))]
         rd = [float(r["rounds_done"]) for r in rs if _finite(r.get("rounds_done"))]
         st = [float(r["env_steps_total"]) for r in rs if _finite(r.get("env_steps_total"))]
@@ -69,10 +85,11 @@ def summarize(rows: Sequence[Mapping[str, Any]], labels: Sequence[str] | None = 
         out.append({
             "env": env, "algo": algo, "label": label, "n": len(rs),
             "final_return_mean": mean_ci95(fr)[0], "final_return_ci95": mean_ci95(fr)[1],
+            "late_return_mean": mean_ci95(lr)[0], "late_return_ci95": mean_ci95(lr)[1],
             "total_spend_usd_mean": mean_ci95(sp)[0], "total_spend_usd_ci95": mean_ci95(sp)[1],
             "rounds_done_mean": sum(rd) / len(rd) if rd else math.nan,
             "env_steps_total_mean": sum(st) / len(st) if st else math.nan,
-            "final_return_values": fr, "total_spend_usd_values": sp,
+            "final_return_values": fr, "late_return_values": lr, "total_spend_usd_values": sp,
             **_pretrain_means(pre),
         })
     return out
@@ -112,6 +129,7 @@ def format_summary(summary: Sequence[Mapping[str, Any]], *, markdown: bool = Tru
     cells = [[
         s["env"], s["algo"], s["label"], str(s["n"]),
         mean_pm(s["final_return_mean"], s["final_return_ci95"], ".2f"),
+        mean_pm(s.get("late_return_mean", math.nan), s.get("late_return_ci95"), ".2f"),
         mean_pm(s["total_spend_usd_mean"], s["total_spend_usd_ci95"], ".4f"),
         f"{s['rounds_done_mean']:.1f}" if _finite(s["rounds_done_mean"]) else "-",
         f"{s['env_steps_total_mean']:.0f}" if _finite(s["env_steps_total_mean"]) else "-",
@@ -149,8 +167,8 @@ def ratio_ci(a: Sequence[float], b: Sequence[float], seed: int = 0, draws: int =
 
 
 def ratios_against(summary: Sequence[Mapping[str, Any]], reference: str) -> list[dict[str, Any]]:
-    """Per (env, algo), every other label's final return and total spend as ratios to
-    ``reference``'s (``ratio_ci``); empty where the reference has no finished seeds."""
+    """Per (env, algo), every other label's final return, late return and total spend as ratios
+    to ``reference``'s (``ratio_ci``); empty where the reference has no finished seeds."""
     out = []
     for ref in (s for s in summary if s["label"] == reference and s["final_return_values"]):
         for s in summary:
@@ -159,6 +177,7 @@ def ratios_against(summary: Sequence[Mapping[str, Any]], reference: str) -> list
             out.append({"env": s["env"], "algo": s["algo"], "label": s["label"], "reference": reference,
                         "n": len(s["final_return_values"]), "n_reference": len(ref["final_return_values"]),
                         "return": ratio_ci(s["final_return_values"], ref["final_return_values"]),
+                        "late_return": ratio_ci(s.get("late_return_values", []), ref.get("late_return_values", [])),
                         "spend": ratio_ci(s["total_spend_usd_values"], ref["total_spend_usd_values"])})
     return out
 
@@ -174,7 +193,9 @@ def format_ratio(r: Mapping[str, float] | None) -> str:
 
 def format_ratios(ratios: Sequence[Mapping[str, Any]]) -> str:
     """The ratio table, Markdown."""
-    lines = ["| scaler | against | seeds | final return ratio (95% CI) | spend ratio (95% CI) |", "|---|---|---|---|---|"]
-    lines += [f"| {r['label']} | {r['reference']} | {r['n']} / {r['n_reference']} | {format_ratio(r['return'])} | {format_ratio(r['spend'])} |"
-              for r in ratios]
+    lines = ["| scaler | against | seeds | final return ratio (95% CI) "
+             f"| last {LATE_EVALUATIONS} evals' return ratio (95% CI) "
+             "| spend ratio (95% CI) |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['label']} | {r['reference']} | {r['n']} / {r['n_reference']} | {format_ratio(r['return'])} "
+              f"| {format_ratio(r.get('late_return'))} | {format_ratio(r['spend'])} |" for r in ratios]
     return "\n".join(lines)
