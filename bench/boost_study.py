@@ -33,7 +33,7 @@ import numpy as np
 
 from _common import RESULTS, machine
 
-from nitro.experiments.stats import format_ratio, mean_pm, ratios_against
+from nitro.experiments.stats import LATE_EVALUATIONS, format_ratio, mean_pm, ratios_against
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_REPORTS = ("hopper-lambda", "boost-equal-money", "boost-constant-steps", "boost-stellaris", "boost-paper-terms")
@@ -77,12 +77,12 @@ def study(report_dir: Path) -> dict:
     for s in summary:
         runs = [r for r in results["runs"] if r["env"] == s["env"] and r["label"] == s["label"]
                 and r.get("status") == "FINISHED" and not r.get("variant")]
+        ratio = vs_fixed.get((s["env"], s["label"]), {})
         out["groups"].append({
             "env": s["env"], "label": s["label"], "seeds": len(s["final_return_values"]),
             "final_return": s["final_return_mean"], "final_return_ci95": s["final_return_ci95"],
-            "vs_fixed": (vs_fixed.get((s["env"], s["label"])) or {}).get("return"),
-            "late_return": s.get("late_return_mean"),
-            "late_vs_fixed": (vs_fixed.get((s["env"], s["label"])) or {}).get("late_return"),
+            "vs_fixed": ratio.get("return"), "late_return": s.get("late_return_mean"),
+            "late_vs_fixed": ratio.get("late_return"),
             "spend_usd": s["total_spend_usd_mean"], "rounds_done": s["rounds_done_mean"],
             "env_steps_per_usd": s["env_steps_total_mean"] / s["total_spend_usd_mean"],
             "cost": marginal_cost([results["rounds"][r["run_name"]] for r in runs]),
@@ -112,8 +112,8 @@ def main() -> None:
     studies = [study(d) for d in dirs if (d / "results.json").exists()]
     if not studies:
         sys.exit("no report with a results.json among: " + ", ".join(map(str, dirs)))
-    print("| study | env | scaler | seeds | final return | vs fixed (95% CI) | last 5 evals vs fixed | spend | rounds "
-          "| env steps/$ | $ per actor, marginal | $ per round, fixed part | samples/$, 64-actor / 8-actor round |")
+    print(f"| study | env | scaler | seeds | final return | vs fixed (95% CI) | last {LATE_EVALUATIONS} evals vs fixed "
+          "| spend | rounds | env steps/$ | $ per actor, marginal | $ per round, fixed part | samples/$, 64-actor / 8-actor round |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for s in studies:
         for g in s["groups"]:
