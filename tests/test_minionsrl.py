@@ -212,11 +212,23 @@ def test_the_simulator_fit_recovers_a_known_gain_curve_and_learner_line():
     assert report.timed_rounds == 180 and report.peak_actors == sim.peak_actors
 
 
-def test_the_simulator_fit_on_the_hopper_study_peaks_inside_its_actor_range():
+def test_the_simulator_fit_reads_the_training_return_of_current_reports_not_the_evaluation():
+    from nitro.minionsrl.config import SimulatorConfig
+    from nitro.minionsrl.fit import fit_simulator
+
+    old = _bump_rows()
+    # Today's rounds.csv: the training return under its own name, beside an evaluation column.
+    current = [{**{k: v for k, v in r.items() if k != "return_mean"}, "train_return_mean": r["return_mean"],
+                "eval_return_mean": "1000.0"} for r in old]
+    assert fit_simulator(current, SimulatorConfig()) == fit_simulator(old, SimulatorConfig())
+
+
+@pytest.mark.parametrize("report", ["hopper-study", "hopper-lambda"])  # before and after the eval/train split
+def test_the_simulator_fit_on_a_hopper_report_peaks_inside_its_actor_range(report):
     from nitro.minionsrl.config import SimulatorConfig
     from nitro.minionsrl.fit import fit_simulator, read_rounds
 
-    rows = read_rounds("docs/results/hopper-study/rounds.csv")
+    rows = read_rounds(f"docs/results/{report}/rounds.csv")
     sim, report = fit_simulator(rows, SimulatorConfig())
     actors = [float(r["actors_launched"]) for r in rows if float(r["actors_launched"]) >= 1]
     assert min(actors) <= sim.peak_actors <= max(actors) and sim.peak_gain > 0 and sim.width > 0

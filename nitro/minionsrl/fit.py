@@ -1,15 +1,17 @@
 """The training simulator fitted from logged runs (``nitro minionsrl pretrain --fit-from``).
 
-The rows are an experiment report's ``rounds.csv`` (docs/results/hopper-study/rounds.csv): one per
-round of each run, with ``run_name``, ``round``, ``return_mean`` (the training return of the
-episodes that ended in the round; NaN where none did), ``actors_launched``, ``env_steps_total`` and
-``round_s``. From them:
+The rows are an experiment report's ``rounds.csv`` (docs/results/hopper-lambda/rounds.csv): one
+per round of each run, with ``run_name``, ``round``, ``train_return_mean`` (the training return of
+the episodes that ended in the round; NaN where none did; ``return_mean`` in reports written before
+evaluations had their own column), ``actors_launched``, ``env_steps_total`` and ``round_s``. From
+them:
 
-* the return a round gains: ``return_mean[k + 1] - return_mean[k]`` within a run, paired with the
-  actors of round ``k`` (whose trajectories the update of round ``k`` trained on); the simulator's
-  Gaussian bump is fitted to the pairs by least squares, a grid over ``peak_actors`` (inside the
-  observed actor range) and ``width`` with the closed-form best ``peak_gain`` at each, because the
-  logged gains are noisy enough that a gradient fit wanders off to a spike on a few points;
+* the return a round gains: ``train_return_mean[k + 1] - train_return_mean[k]`` within a run,
+  paired with the actors of round ``k`` (whose trajectories the update of round ``k`` trained on);
+  the simulator's Gaussian bump is fitted to the pairs by least squares, a grid over
+  ``peak_actors`` (inside the observed actor range) and ``width`` with the closed-form best
+  ``peak_gain`` at each, because the logged gains are noisy enough that a gradient fit wanders off
+  to a spike on a few points;
 * ``noise``: the residuals' RMS over the fitted gain's RMS, the simulator's multiplicative noise
   measured where the gains are, so that actor counts far from the peak do not blow it up;
 * ``learner_fixed_s`` and ``learner_s_per_sample``: a least-squares line of ``round_s`` against the
@@ -71,7 +73,7 @@ def fit_simulator(rows: Iterable[Mapping[str, Any]], base: SimulatorConfig) -> t
         k = _num(row.get("round"))
         if not math.isfinite(k):
             continue
-        runs.setdefault(str(row.get("run_name", "")), []).append((int(k), _num(row.get("return_mean")),
+        runs.setdefault(str(row.get("run_name", "")), []).append((int(k), _train_return(row),
                                          _num(row.get("actors_launched")), _num(row.get("env_steps_total")),
                                          _num(row.get("round_s"))))
     actors, gains, samples, seconds, used_runs = [], [], [], [], 0
@@ -93,7 +95,7 @@ def fit_simulator(rows: Iterable[Mapping[str, Any]], base: SimulatorConfig) -> t
         used_runs += len(gains) > before
     if len(gains) < MIN_PAIRS:
         raise ValueError(f"too few round gains to fit the simulator: {len(gains)} (need {MIN_PAIRS}: consecutive "
-                         "rounds of a run with a finite return_mean and actors_launched >= 1)")
+                         "rounds of a run with a finite train_return_mean and actors_launched >= 1)")
     x, y = np.asarray(actors, np.float64), np.asarray(gains, np.float64)
     if not np.any(y > 0):
         raise ValueError(f"no round of the {len(y)} gained return: a bump with a positive peak cannot be fitted")
@@ -130,6 +132,11 @@ def _fit_bump(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]
             best = (float(sse[j]), float(peak), float(g[j]), float(widths[j]))
     sse_min, peak, gain, width = best
     return peak, gain, width, math.sqrt(sse_min / len(y))
+
+
+def _train_return(row: Mapping[str, Any]) -> float:
+    """The round's training return: ``train_return_mean``, or ``return_mean`` in older reports."""
+    return _num(row["train_return_mean"] if "train_return_mean" in row else row.get("return_mean"))
 
 
 def _num(value: Any) -> float:
