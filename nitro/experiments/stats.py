@@ -48,7 +48,8 @@ def late_return(history: Sequence[Mapping[str, Any]], k: int = LATE_EVALUATIONS)
     evaluation and the next a return can swing by thousands; the late return reads its last rounds."""
     evals = [float(h["eval_return_mean"]) for h in sorted(history, key=lambda h: h["round"])
              if _finite(h.get("eval_return_mean"))]
-    return sum(evals[-k:]) / len(evals[-k:]) if evals else math.nan
+    last = evals[-k:]
+    return sum(last) / len(last) if last else math.nan
 
 
 SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -82,11 +83,12 @@ def summarize(rows: Sequence[Mapping[str, Any]], labels: Sequence[str] | None = 
         rd = [float(r["rounds_done"]) for r in rs if _finite(r.get("rounds_done"))]
         st = [float(r["env_steps_total"]) for r in rs if _finite(r.get("env_steps_total"))]
         pre = [r for r in rs if _finite(r.get("pretrain_usd"))]
+        (fr_mean, fr_ci), (lr_mean, lr_ci), (sp_mean, sp_ci) = mean_ci95(fr), mean_ci95(lr), mean_ci95(sp)
         out.append({
             "env": env, "algo": algo, "label": label, "n": len(rs),
-            "final_return_mean": mean_ci95(fr)[0], "final_return_ci95": mean_ci95(fr)[1],
-            "late_return_mean": mean_ci95(lr)[0], "late_return_ci95": mean_ci95(lr)[1],
-            "total_spend_usd_mean": mean_ci95(sp)[0], "total_spend_usd_ci95": mean_ci95(sp)[1],
+            "final_return_mean": fr_mean, "final_return_ci95": fr_ci,
+            "late_return_mean": lr_mean, "late_return_ci95": lr_ci,
+            "total_spend_usd_mean": sp_mean, "total_spend_usd_ci95": sp_ci,
             "rounds_done_mean": sum(rd) / len(rd) if rd else math.nan,
             "env_steps_total_mean": sum(st) / len(st) if st else math.nan,
             "final_return_values": fr, "late_return_values": lr, "total_spend_usd_values": sp,
