@@ -11,6 +11,9 @@ experiment``) and, per report, env and matrix entry, prints and writes:
   64-actor round than in an 8-actor one. This is the mechanism the studies turn on: when the
   update's time grows with the round's samples, a boosted round's samples cost about what a plain
   round's do, and boosting only moves samples between rounds;
+- the same samples-per-dollar ratio fitted to each run on its own (``per_run_ratio``): the bill
+  scales with the host's pace, and a task's seeds may have run on hosts of different pace, which a
+  fit pooled over them mixes; the ratio of one run's own fit does not depend on its host's pace;
 - env steps bought per dollar;
 - per probe report (``docs/results/<name>/probe.json``, written by ``nitro probe``): Spearman's rho
   of R_k against a boost's gain, with its CI, and the mean gain over the branches.
@@ -65,6 +68,18 @@ def marginal_cost(runs_rounds: list[list[dict]]) -> dict:
             "samples_per_usd_64_over_8": float((64 / (a + 64 * m)) / (8 / (a + 8 * m)))}
 
 
+def per_run_ratio(runs_rounds: list[list[dict]]) -> dict:
+    """``marginal_cost``'s 64-actor / 8-actor samples-per-dollar ratio fitted to each run alone:
+    the median over the runs whose actor counts vary, with the lowest and highest. A host k times
+    slower bills a, b and c k times over, which leaves one run's ratio unchanged; a fit pooled over
+    runs from hosts of different pace does not."""
+    ratios = sorted(r for r in (marginal_cost([rounds])["samples_per_usd_64_over_8"] for rounds in runs_rounds)
+                    if math.isfinite(r))
+    if not ratios:
+        return {"median": math.nan, "low": math.nan, "high": math.nan, "runs": 0}
+    return {"median": float(np.median(ratios)), "low": ratios[0], "high": ratios[-1], "runs": len(ratios)}
+
+
 def study(report_dir: Path) -> dict:
     """The report's own summary (mean ± CI per entry) and its ratios to ``fixed``, with each
     entry's samples per dollar and marginal cost from its finished runs' rounds."""
@@ -86,6 +101,7 @@ def study(report_dir: Path) -> dict:
             "spend_usd": s["total_spend_usd_mean"], "rounds_done": s["rounds_done_mean"],
             "env_steps_per_usd": s["env_steps_total_mean"] / s["total_spend_usd_mean"],
             "cost": marginal_cost([results["rounds"][r["run_name"]] for r in runs]),
+            "ratio_per_run": per_run_ratio([results["rounds"][r["run_name"]] for r in runs]),
         })
     return out
 
@@ -113,15 +129,17 @@ def main() -> None:
     if not studies:
         sys.exit("no report with a results.json among: " + ", ".join(map(str, dirs)))
     print(f"| study | env | scaler | seeds | final return | vs fixed (95% CI) | last {LATE_EVALUATIONS} evals vs fixed "
-          "| spend | rounds | env steps/$ | $ per actor, marginal | $ per round, fixed part | samples/$, 64-actor / 8-actor round |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| spend | rounds | env steps/$ | $ per actor, marginal | $ per round, fixed part | samples/$, 64-actor / 8-actor round "
+          "| the same, per run: median (range) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for s in studies:
         for g in s["groups"]:
-            c = g["cost"]
+            c, pr = g["cost"], g["ratio_per_run"]
+            per_run = f"{pr['median']:.2f} ({pr['low']:.2f}-{pr['high']:.2f})" if pr["runs"] else "-"
             final = mean_pm(g["final_return"], g["final_return_ci95"], ".0f")
             print(f"| {s['experiment']} | {g['env']} | {g['label']} | {g['seeds']} | {final} "
                   f"| {format_ratio(g['vs_fixed'])} | {format_ratio(g['late_vs_fixed'])} | {g['spend_usd']:.4f} | {g['rounds_done']:.0f} "
-                  f"| {g['env_steps_per_usd']:.3g} | {c['per_actor']:.2e} | {c['a']:.2e} | {c['samples_per_usd_64_over_8']:.2f} |")
+                  f"| {g['env_steps_per_usd']:.3g} | {c['per_actor']:.2e} | {c['a']:.2e} | {c['samples_per_usd_64_over_8']:.2f} | {per_run} |")
     probes = [probe(ROOT / "docs/results" / n) for n in DEFAULT_PROBES if (ROOT / "docs/results" / n / "probe.json").exists()]
     print("\n| probe | env | horizon | seeds | branches | ppo.minibatches | rho, R_k vs gain (95% CI) | mean gain |")
     print("|---|---|---|---|---|---|---|---|")

@@ -37,6 +37,20 @@ def test_marginal_cost_is_nan_when_the_actors_never_vary():
     assert math.isnan(cost["per_actor"]) and math.isnan(cost["samples_per_usd_64_over_8"])
 
 
+def test_the_per_run_ratio_holds_across_hosts_of_different_pace():
+    # the same billing on a host twice as slow (a, b and c doubled), with boosts in other rounds: each
+    # run's own fit gives the formula's ratio, while one fit pooled over both runs does not
+    a, b, c = 1e-3, 2e-5, 3e-5
+    fast = _rounds([8, 8, 64, 8, 8, 32, 16, 8, 64, 64, 8, 8], a, b, c)
+    slow = _rounds([8, 16, 8, 8, 40, 8, 24, 8, 8, 8], 2 * a, 2 * b, 2 * c)
+    exact = (64 / (a + 64 * (b + c))) / (8 / (a + 8 * (b + c)))
+    per_run = boost_study.per_run_ratio([fast, slow, _rounds([8] * 10, a, b, c)])
+    assert per_run["runs"] == 2  # the run whose actors never vary has no ratio
+    assert per_run["median"] == pytest.approx(exact, rel=1e-9)
+    assert per_run["low"] == pytest.approx(exact, rel=1e-9) and per_run["high"] == pytest.approx(exact, rel=1e-9)
+    assert boost_study.marginal_cost([fast, slow])["samples_per_usd_64_over_8"] != pytest.approx(exact, rel=1e-2)
+
+
 def test_probe_reads_rho_and_the_mean_gain(tmp_path):
     gains = [10.0, -4.0, 6.0, None]
     (tmp_path / "probe.json").write_text(json.dumps({
