@@ -93,6 +93,7 @@ def study(report_dir: Path) -> dict:
         runs = [r for r in results["runs"] if r["env"] == s["env"] and r["label"] == s["label"]
                 and r.get("status") == "FINISHED" and not r.get("variant")]
         ratio = vs_fixed.get((s["env"], s["label"]), {})
+        runs_rounds = [results["rounds"][r["run_name"]] for r in runs]
         out["groups"].append({
             "env": s["env"], "label": s["label"], "seeds": len(s["final_return_values"]),
             "final_return": s["final_return_mean"], "final_return_ci95": s["final_return_ci95"],
@@ -100,8 +101,7 @@ def study(report_dir: Path) -> dict:
             "late_vs_fixed": ratio.get("late_return"),
             "spend_usd": s["total_spend_usd_mean"], "rounds_done": s["rounds_done_mean"],
             "env_steps_per_usd": s["env_steps_total_mean"] / s["total_spend_usd_mean"],
-            "cost": marginal_cost([results["rounds"][r["run_name"]] for r in runs]),
-            "ratio_per_run": per_run_ratio([results["rounds"][r["run_name"]] for r in runs]),
+            "cost": marginal_cost(runs_rounds), "ratio_per_run": per_run_ratio(runs_rounds),
         })
     return out
 
