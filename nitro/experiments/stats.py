@@ -38,6 +38,10 @@ def _finite(v: Any) -> bool:
         return False
 
 
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
 LATE_EVALUATIONS = 5
 
 
@@ -48,8 +52,7 @@ def late_return(history: Sequence[Mapping[str, Any]], k: int = LATE_EVALUATIONS)
     evaluation and the next a return can swing by thousands; the late return reads its last rounds."""
     evals = [float(h["eval_return_mean"]) for h in sorted(history, key=lambda h: h["round"])
              if _finite(h.get("eval_return_mean"))]
-    last = evals[-k:]
-    return sum(last) / len(last) if last else math.nan
+    return _mean(evals[-k:])
 
 
 SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -89,8 +92,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], labels: Sequence[str] | None = 
             "final_return_mean": fr_mean, "final_return_ci95": fr_ci,
             "late_return_mean": lr_mean, "late_return_ci95": lr_ci,
             "total_spend_usd_mean": sp_mean, "total_spend_usd_ci95": sp_ci,
-            "rounds_done_mean": sum(rd) / len(rd) if rd else math.nan,
-            "env_steps_total_mean": sum(st) / len(st) if st else math.nan,
+            "rounds_done_mean": _mean(rd), "env_steps_total_mean": _mean(st),
             "final_return_values": fr, "late_return_values": lr, "total_spend_usd_values": sp,
             **_pretrain_means(pre),
         })
