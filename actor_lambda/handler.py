@@ -1,6 +1,6 @@
 """AWS Lambda entry point of a Nitro actor: ``actor_lambda.handler.handler``.
 
-It runs exactly what a local worker process runs, ``nitro.functions.run_function``: a learner
+It runs exactly what a local worker process runs, ``nitro.run.functions.run_function``: a learner
 function's gradient job (``kind: gradient``, ``nitro.stellaris.function``) or an actor's event.
 For an actor: validate the ``ActorEvent``, fetch the round's weights from Redis, ``rollout``,
 write the batch under the invocation id (SET NX, so a duplicate delivery is neither stored nor
@@ -31,13 +31,12 @@ from typing import Any
 
 os.environ.setdefault("MUJOCO_GL", "disable")  # nothing renders in an actor
 
-from nitro.actors.events import ActorEvent, ActorSummary  # noqa: E402
-from nitro.actors.worker import ActorState, run_actor  # noqa: E402
-from nitro.functions import run_function  # noqa: E402
-
 # Heavy imports (torch, gymnasium, the models) happen here, in Lambda's INIT phase, which runs
 # ahead of traffic under provisioned concurrency; the first invocation then only builds the env.
-import nitro.rollout  # noqa: E402,F401
+import nitro.actors.rollout  # noqa: F401  # imported for its import-time cost, paid in INIT
+from nitro.actors.events import ActorEvent, ActorSummary
+from nitro.actors.worker import ActorState, run_actor
+from nitro.run.functions import run_function
 
 SIMULATE_ENV = "NITRO_SIMULATE_DURATION_S"
 SECRET_TTL_ENV = "NITRO_SECRET_TTL_S"
@@ -184,9 +183,8 @@ def simulate_actor(event: Any, duration_s: float, memory_mb: int | None) -> Acto
         import numpy as np
 
         from nitro.cache import TrajectoryCache
-        from nitro.serialization import dumps_tensors
-
         from nitro.envs import env_spec
+        from nitro.serialization import dumps_tensors
 
         password = STATE.resolve_password(ev.cache_credentials)
         cache = TrajectoryCache(STATE.redis_client(ev.cache_url, password), ev.run_id, ttl_s=ev.batch_ttl_s)

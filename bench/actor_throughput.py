@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from _common import machine  # noqa: E402
+from _common import machine  # noqa: E402  # bench/ on sys.path first
 
 ENV_ID = "Hopper-v5"
 
@@ -142,12 +142,14 @@ def main() -> None:
         client = connect_redis(server.url)
         cache = TrajectoryCache(client, run_id, ttl_s=3600)
         policy = build_policy(env_spec(ENV_ID), seed=0)
-        wkey = cache.publish_weights(0, dumps_tensors(policy.state_dict(), {"env_id": ENV_ID, "version": 0, "format": "nitro.policy/1"}))
+        meta = {"env_id": ENV_ID, "version": 0, "format": "nitro.policy/1"}
+        wkey = cache.publish_weights(0, dumps_tensors(policy.state_dict(), meta))
 
         def events(round_idx: int, n: int, steps: int) -> list[ActorEvent]:
             return [
-                ActorEvent(run_id=run_id, round=round_idx, invocation_id=invocation_id(run_id, round_idx, i), weights_key=wkey,
-                           env_id=ENV_ID, seed=round_idx * 10_000 + i, n_steps=steps, cache_url=server.url, batch_ttl_s=3600)
+                ActorEvent(run_id=run_id, round=round_idx, invocation_id=invocation_id(run_id, round_idx, i),
+                           weights_key=wkey, env_id=ENV_ID, seed=round_idx * 10_000 + i, n_steps=steps,
+                           cache_url=server.url, batch_ttl_s=3600)
                 for i in range(n)
             ]
 
@@ -175,8 +177,8 @@ def main() -> None:
                 local_sps.append(steps / wall)
                 batch_bytes = summaries[0].batch_bytes
                 cache.delete_round(2 + r)
-                print(f"repeat {r + 1}/{args.repeats}: bare {bare_sps[-1]:8.0f} steps/s   local {local_sps[-1]:8.0f} steps/s   "
-                      f"ratio {local_sps[-1] / bare_sps[-1]:.3f}", flush=True)
+                print(f"repeat {r + 1}/{args.repeats}: bare {bare_sps[-1]:8.0f} steps/s   "
+                      f"local {local_sps[-1]:8.0f} steps/s   ratio {local_sps[-1] / bare_sps[-1]:.3f}", flush=True)
         finally:
             pool.close()
             bare.close()
@@ -205,7 +207,8 @@ def main() -> None:
         "failed_invocations": len(failed),
         "failure_reasons": sorted(set(failed)),
         "batch_bytes_per_actor": batch_bytes,
-        "local_path": "LocalActorPool.invoke_many -> run_actor (weights from Redis, rollout, safetensors, SET NX + RPUSH) -> summary",
+        "local_path": "LocalActorPool.invoke_many -> run_actor (weights from Redis, rollout, safetensors, "
+                      "SET NX + RPUSH) -> summary",
         "bare_path": "env.step + Policy.sample in a plain loop, nothing stored",
         "machine": machine(load_avg_before=[round(x, 2) for x in load_before],
                            load_avg_after=[round(x, 2) for x in os.getloadavg()]),

@@ -50,9 +50,12 @@ def main() -> None:
     }
     out = RESULTS / "boosting_run.json"
     out.write_text(json.dumps(summary, indent=1))
+
+    def fmt(v: float | None, f: str) -> str:
+        return "-" if v is None else format(v, f)
+
     print(f"{'round':>5} {'R':>9} {'score':>7} {'actors':>6} {'spend':>9} {'return':>8}")
     for r in rows:
-        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         print(f"{r['round']:>5} {fmt(r['hessian_R'], '9.4f')} {fmt(r['boost_score'], '7.3f')} "
               f"{int(r['actors_launched']):>6} {r['spend_total_usd']:>9.5f} {fmt(r['train_return_mean'], '8.1f')}")
     print(f"stopped by {result.stop_reason} after {result.rounds_done} rounds; spent ${result.spend_usd:.5f} "

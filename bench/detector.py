@@ -1,6 +1,6 @@
 """Benchmark of the boosting detector on the default Hopper configuration (2x256 policy).
 
-Measures, on real rounds (4096 steps collected with nitro.rollout as 8 actors x 512 steps, then a
+Measures, on real rounds (4096 steps collected with nitro.actors.rollout as 8 actors x 512 steps, then a
 real PPOLearner update):
   * detection time as a share of a round's wall time (target <= 5%);
   * subset (512, and 256) vs full-batch detection time: the speed-up;
@@ -24,16 +24,15 @@ from pathlib import Path
 os.environ.setdefault("MUJOCO_GL", "disable")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
+from _common import machine
 
-from nitro.config import NitroConfig  # noqa: E402
-from nitro.detector import detect_on_batch, hessian_extremes, pyhessian_extremes  # noqa: E402
-from nitro.envs import env_spec  # noqa: E402
-from nitro.learners import PPOLearner  # noqa: E402
-from nitro.rollout import rollout  # noqa: E402
-
-from _common import machine  # noqa: E402
+from nitro.actors.rollout import rollout
+from nitro.config import NitroConfig
+from nitro.envs import env_spec
+from nitro.learners import PPOLearner
+from nitro.scaling.detector import detect_on_batch, hessian_extremes, pyhessian_extremes
 
 ACTORS, STEPS_PER_ACTOR = 8, 512  # 4096 steps per round
 
@@ -141,8 +140,10 @@ def main() -> None:
         }
     # subset noise against the signal: spread of R over subset draws within a round, against the
     # spread of the rounds' full-batch R
-    within_cv = {k: mean([statistics.pstdev([d["R"] for d in r["subsets"][k]]) / statistics.mean([d["R"] for d in r["subsets"][k]])
-                          for r in rounds]) for k in ("512", "256")}
+    def cv(values: list[float]) -> float:
+        return statistics.pstdev(values) / statistics.mean(values)
+
+    within_cv = {k: mean([cv([d["R"] for d in r["subsets"][k]]) for r in rounds]) for k in ("512", "256")}
     full_Rs = [r["full"]["R"] for r in rounds]
     between_cv_full = statistics.pstdev(full_Rs) / statistics.mean(full_Rs) if len(full_Rs) > 1 else None
     full_start_err = mean([rel(r["full_other_start"]["R"], r["full"]["R"]) for r in rounds])
@@ -167,8 +168,8 @@ def main() -> None:
                             "lambda_min_rel_err_vs_60": rel(d.lambda_min, ours60.lambda_min)})
     print("\nLanczos steps sweep (512 subset; error against 60 steps):")
     for row in steps_sweep:
-        print(f"   {row['steps']:>2} steps {row['seconds']:.3f}s (min of 2)  λmax err {row['lambda_max_rel_err_vs_60']:.1e}  "
-              f"λmin err {row['lambda_min_rel_err_vs_60']:.1e}")
+        print(f"   {row['steps']:>2} steps {row['seconds']:.3f}s (min of 2)  "
+              f"λmax err {row['lambda_max_rel_err_vs_60']:.1e}  λmin err {row['lambda_min_rel_err_vs_60']:.1e}")
     comparison = {
         "ours": [d.to_dict() for d in ours],
         "pyhessian": [d.to_dict() for d in ph],
@@ -177,7 +178,8 @@ def main() -> None:
         "pyhessian_mean_s": mean([d.seconds for d in ph]),
     }
     print("\nours vs PyHessian density() on a 512 subset, "
-          f"{args.steps} steps (reference: ours at 60 steps λmax={ours60.lambda_max:.6g} λmin={ours60.lambda_min:.6g}):")
+          f"{args.steps} steps (reference: ours at 60 steps "
+          f"λmax={ours60.lambda_max:.6g} λmin={ours60.lambda_min:.6g}):")
     for a, b in zip(ours, ph):
         print(f"   ours {a.seconds:.3f}s λmax={a.lambda_max:.6g} λmin={a.lambda_min:.6g} R={a.R:.5g} | "
               f"pyhessian {b.seconds:.3f}s λmax={b.lambda_max:.6g} λmin={b.lambda_min:.6g} R={b.R:.5g}")

@@ -4,7 +4,7 @@ update on the same batches (Hopper-v5, the default 2x256 policy, the `nitro` pre
 Per batch (real rollouts of the run's policy, `--actors` x `--steps` steps):
   * the full door: decode + shape/finite checks + stated bounds (nitro/validation.py),
   * the bounds alone (nitro.validation.check_bounds),
-  * the recomputed behaviour log-probabilities: one forward pass (nitro/behaviour.py),
+  * the recomputed behaviour log-probabilities: one forward pass (nitro/learners/behaviour.py),
 and one `PPOLearner.update` on all the round's batches, so the door's share of an update is read
 off directly. One torch thread, as the learner runs.
 
@@ -25,17 +25,16 @@ from pathlib import Path
 os.environ.setdefault("MUJOCO_GL", "disable")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
+from _common import RESULTS, machine
 
-from nitro.behaviour import BehaviourPolicies  # noqa: E402
-from nitro.config import NitroConfig  # noqa: E402
-from nitro.envs import env_spec  # noqa: E402
-from nitro.learners import PPOLearner  # noqa: E402
-from nitro.rollout import rollout  # noqa: E402
-from nitro.serialization import dumps_tensors  # noqa: E402
-from nitro.validation import bounds_for, check_bounds, decode_batch_meta  # noqa: E402
-
-from _common import RESULTS, machine  # noqa: E402
+from nitro.actors.rollout import rollout
+from nitro.config import NitroConfig
+from nitro.envs import env_spec
+from nitro.learners import PPOLearner
+from nitro.learners.behaviour import BehaviourPolicies
+from nitro.serialization import dumps_tensors
+from nitro.validation import bounds_for, check_bounds, decode_batch_meta
 
 ENV = "Hopper-v5"
 

@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import fake_aws_credentials, machine, start_invoke_server, stop_process, tree_cpu_s  # noqa: E402
+from _common import fake_aws_credentials, machine, start_invoke_server, stop_process, tree_cpu_s  # noqa: E402  # bench/ on sys.path first
 
 FUNCTION = "nitro-actor-bench"
 
@@ -249,11 +249,12 @@ def run_pool(kind: str, sizes: list[int], rounds: int, slots: int, duration: flo
 
 
 def pool_markdown(rows: list[dict], duration: float) -> str:
-    lines = [f"| backend | N | slots | all in Redis | ideal (waves x {duration:g}s) | overhead | client CPU per invoke | load before -> after |",
+    lines = [f"| backend | N | slots | all in Redis | ideal (waves x {duration:g}s) | overhead | client CPU per invoke "
+             "| load before -> after |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        lines.append(f"| {r['backend']} | {r['n']} | {r['slots']} | {r['all_in_redis_s_median']:.2f} s | {r['ideal_s']:.1f} s | "
-                     f"{r['overhead_s']:.3f} s | {r['client_cpu_ms_per_invocation']:.2f} ms | "
+        lines.append(f"| {r['backend']} | {r['n']} | {r['slots']} | {r['all_in_redis_s_median']:.2f} s "
+                     f"| {r['ideal_s']:.1f} s | {r['overhead_s']:.3f} s | {r['client_cpu_ms_per_invocation']:.2f} ms | "
                      f"{r['loadavg_before'][0]:.2f} -> {r['loadavg_after'][0]:.2f} |")
     return "\n".join(lines)
 
@@ -270,12 +271,14 @@ def pin(pids: dict[str, int]) -> dict[str, list[int]]:
 
 
 def markdown(results: list[dict], duration: float) -> str:
-    lines = ["| invoker | N | all in Redis | last request left | overhead / %gs | client CPU per invoke | server + Redis CPU per round |" % duration,
+    lines = [f"| invoker | N | all in Redis | last request left | overhead / {duration:g}s | client CPU per invoke "
+             "| server + Redis CPU per round |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        lines.append(f"| {r['invoker']} | {r['n']} | {r['all_in_redis_s_median']:.2f} s | {r['dispatch_s_median']:.3f} s | "
-                     f"{r['overhead_ratio']:.2f} | {r['client_cpu_ms_per_invocation']:.2f} ms | "
-                     f"{r['server_cpu_s_per_round'] + r['redis_cpu_s_per_round']:.2f} s |")
+        lines.append(f"| {r['invoker']} | {r['n']} | {r['all_in_redis_s_median']:.2f} s "
+                     f"| {r['dispatch_s_median']:.3f} s | {r['overhead_ratio']:.2f} "
+                     f"| {r['client_cpu_ms_per_invocation']:.2f} ms "
+                     f"| {r['server_cpu_s_per_round'] + r['redis_cpu_s_per_round']:.2f} s |")
     return "\n".join(lines)
 
 
@@ -284,11 +287,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="8,64,256,1000")
     p.add_argument("--duration", type=float, default=1.0, help="simulated function duration (s)")
     p.add_argument("--rounds", type=int, default=3, help="warm rounds per size (after one cold round)")
-    p.add_argument("--invokers", default="aiohttp,boto3", help="aiohttp (the default invoker), boto3 (the SDK, reference)")
-    p.add_argument("--threads-per-worker", type=int, default=0, help="default: half the largest size (2 worker processes)")
+    p.add_argument("--invokers", default="aiohttp,boto3",
+                   help="aiohttp (the default invoker), boto3 (the SDK, reference)")
+    p.add_argument("--threads-per-worker", type=int, default=0,
+                   help="default: half the largest size (2 worker processes)")
     p.add_argument("--pin", action="store_true", help="client on CPU 0, Invoke server and Redis on the other CPUs")
-    p.add_argument("--pools", default="", help="process backends to measure too: local (the worker pool), ray (a local Ray)")
-    p.add_argument("--slots", type=int, default=8, help="--pools: actors at once (worker processes; the local Ray's CPUs)")
+    p.add_argument("--pools", default="",
+                   help="process backends to measure too: local (the worker pool), ray (a local Ray)")
+    p.add_argument("--slots", type=int, default=8,
+                   help="--pools: actors at once (worker processes; the local Ray's CPUs)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "fanout.json"))
     args = p.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -375,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     if pool_rows:
         print("\n" + pool_markdown(pool_rows, args.duration))
     for invoker, r in ratios.items():
-        print(f"{invoker}: all in Redis at N={r['sizes'][1]} / N={r['sizes'][0]} = {r['all_in_redis_ratio']:.3f} (target <= 1.2)")
+        print(f"{invoker}: all in Redis at N={r['sizes'][1]} / N={r['sizes'][0]} = {r['all_in_redis_ratio']:.3f} "
+              "(target <= 1.2)")
     print(f"wrote {args.out}")
     return 0
 

@@ -26,7 +26,7 @@ def main() -> None:
     home = isolated_home("impact-overlap")
 
     from flows.training import train
-    from nitro.checkpoint import load_checkpoint
+    from nitro.run.rundir import RunDir
 
     out = {"rounds": args.rounds, "actors": args.actors, "machine": machine()}
     for mode in ("asynchronous", "synchronous"):
@@ -34,7 +34,7 @@ def main() -> None:
         asyncio.run(train(env_id="Hopper-v5", algo="impact", scaler="fixed", rounds=args.rounds, run_id=run_id,
                           overrides=[*run_overrides(home), f"scaler.fixed_actors={args.actors}",
                                      f"impact.asynchronous={mode == 'asynchronous'}"]))
-        _, state = load_checkpoint(home, run_id)
+        _, state = RunDir(home, run_id).load()
         rows = state["history"][1:]  # round 0 of the synchronous run has nothing to learn from
         busy = [r["learner_s"] for r in rows]
         wall = [r["round_s"] for r in rows]

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import fake_aws_credentials, machine, start_invoke_server, stop_process  # noqa: E402
+from _common import fake_aws_credentials, machine, start_invoke_server, stop_process  # noqa: E402  # bench/ on sys.path first
 
 FUNCTION = "nitro-actor-cpu"
 CLIENTS = ("boto3-threads", "boto3-processes", "aiobotocore", "aiohttp-sigv4")
@@ -122,9 +122,9 @@ def child_processes(args) -> dict:
 def child_aiobotocore(args) -> dict:
     import asyncio
 
+    import botocore
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
-    import botocore
 
     async def run() -> list[dict]:
         config = AioConfig(max_pool_connections=args.n, read_timeout=90, connect_timeout=5,

@@ -34,7 +34,7 @@ EVAL_EPISODES = 5
 def nitro_run(env_id: str, seed: int, args: argparse.Namespace) -> dict:
     """One Nitro training run; returns its evaluations, wall time and steps."""
     from flows.training import train
-    from nitro.checkpoint import load_checkpoint
+    from nitro.run.rundir import RunDir
 
     home = isolated_home(f"learning-{seed}")
     run_id = f"bench-learning-{env_id.replace('/', '-').lower()}-{seed}"
@@ -44,7 +44,7 @@ def nitro_run(env_id: str, seed: int, args: argparse.Namespace) -> dict:
     result = asyncio.run(train(env_id=env_id, algo=args.algo, rounds=args.rounds, seed=seed, overrides=overrides,
                                run_id=run_id))
     wall = time.perf_counter() - started
-    _, state = load_checkpoint(home, run_id)
+    _, state = RunDir(home, run_id).load()
     history = state["history"]
     per_round = history[0]["env_steps"] if history else 0
     evals = [{"trained_steps": int(r["round"]) * int(per_round), "round": int(r["round"]),
@@ -101,7 +101,7 @@ def sb3_run(env_id: str, seed: int, checkpoints: list[int]) -> dict:
 
 def summarize(runs: list[dict], key: str) -> list[dict]:
     """Per checkpoint: mean and 95% CI over seeds of the ``key`` evaluation return."""
-    from nitro.plots import mean_ci95
+    from nitro.tracking.plots import mean_ci95
 
     out = []
     for i, point in enumerate(runs[0]["evals"]):
@@ -110,6 +110,11 @@ def summarize(runs: list[dict], key: str) -> list[dict]:
         out.append({"trained_steps": point["trained_steps"], "mean": round(mean, 1), "ci95": round(half, 1),
                     "values": [round(v, 1) for v in values]})
     return out
+
+
+def evaluations(run: dict) -> str:
+    """A run's evaluations for its progress line: trained steps, deterministic / stochastic return."""
+    return ", ".join(f"{e['trained_steps']}: {e['deterministic']:.0f}/{e['stochastic']:.0f}" for e in run["evals"])
 
 
 def write_report(report: dict, out) -> None:
@@ -157,15 +162,13 @@ def main() -> None:
             run = {"seed": seed, **nitro_run(env_id, seed, args)}
             nitro_runs.append(run)
             print(f"nitro {env_id} seed {seed}: {run['env_steps']} steps in {run['wall_s']} s, evaluations "
-                  + ", ".join(f"{e['trained_steps']}: {e['deterministic']:.0f}/{e['stochastic']:.0f}" for e in run["evals"]),
-                  flush=True)
+                  + evaluations(run), flush=True)
             if not args.no_sb3:
                 checkpoints = [e["trained_steps"] for e in run["evals"] if e["trained_steps"] > 0]
                 ref = {"seed": seed, **sb3_run(env_id, seed, checkpoints)}
                 sb3_runs.append(ref)
                 print(f"sb3   {env_id} seed {seed}: {ref['env_steps']} steps in {ref['wall_s']} s, evaluations "
-                      + ", ".join(f"{e['trained_steps']}: {e['deterministic']:.0f}/{e['stochastic']:.0f}" for e in ref["evals"]),
-                      flush=True)
+                      + evaluations(ref), flush=True)
         entry: dict = {"nitro": {"runs": nitro_runs}, "sb3": {"runs": sb3_runs}}
         for name, runs in (("nitro", nitro_runs), ("sb3", sb3_runs)):
             if not runs:
@@ -182,8 +185,8 @@ def main() -> None:
             if "deterministic" not in entry[name]:
                 continue
             det, sto = entry[name]["deterministic"], entry[name]["stochastic"]
-            cells = "  ".join(f"{d['trained_steps'] // 1000}k: {d['mean']:.0f}±{d['ci95']:.0f} / {s['mean']:.0f}±{s['ci95']:.0f}"
-                              for d, s in zip(det, sto) if d["trained_steps"])
+            cells = "  ".join(f"{d['trained_steps'] // 1000}k: {d['mean']:.0f}±{d['ci95']:.0f} "
+                              f"/ {s['mean']:.0f}±{s['ci95']:.0f}" for d, s in zip(det, sto) if d["trained_steps"])
             print(f"{env_id:12s} {name:5s} eval return (deterministic / stochastic, mean ± 95% CI): {cells}; "
                   f"{entry[name]['wall_s_mean']:.0f} s per run, {entry[name]['env_steps_per_s']:.0f} env steps/s")
     print(f"load average before {load_before}, after {os.getloadavg()}; wrote {out}")

@@ -18,7 +18,7 @@ import json
 
 from _common import RESULTS
 
-from nitro.plots import mean_ci95  # setup.sh installs the package into .venv
+from nitro.tracking.plots import mean_ci95  # setup.sh installs the package into .venv
 
 LEARNERS = ("nitro", "sb3")
 MODES = ("deterministic", "stochastic")
@@ -51,11 +51,13 @@ def main() -> None:
     for env, cells in final_evaluations(args.files).items():
         row: dict = {}
         for learner, cell in cells.items():
-            row[learner] = {"runs": len(cell["wall_s"]), "wall_s_mean": round(sum(cell["wall_s"]) / len(cell["wall_s"]), 1),
+            row[learner] = {"runs": len(cell["wall_s"]),
+                            "wall_s_mean": round(sum(cell["wall_s"]) / len(cell["wall_s"]), 1),
                             "sources": cell["source"]}  # the file of each run, in the order of "values"
             for mode in MODES:
                 mean, half = mean_ci95(cell[mode])
-                row[learner][mode] = {"mean": round(mean, 1), "ci95": round(half, 1), "values": [round(v, 1) for v in cell[mode]]}
+                row[learner][mode] = {"mean": round(mean, 1), "ci95": round(half, 1),
+                                      "values": [round(v, 1) for v in cell[mode]]}
             print(f"{env:12s} {learner:5s} {row[learner]['runs']} runs: "
                   + "  ".join(f"{m} {row[learner][m]['mean']:.0f} ± {row[learner][m]['ci95']:.0f}" for m in MODES)
                   + f"  wall {row[learner]['wall_s_mean']:.0f} s")

@@ -62,7 +62,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import fake_aws_credentials, machine, start_invoke_server, stop_process  # noqa: E402
+from _common import fake_aws_credentials, machine, start_invoke_server, stop_process  # noqa: E402  # bench/ on sys.path first
 
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 POSTGRES_SH = ROOT / "deployments" / "prefect" / "postgres.sh"
@@ -173,7 +173,7 @@ class HealthProbe:
                     ok = False
                 self.samples.append((t0, (time.monotonic() - t0) if ok else None))
 
-    def __enter__(self) -> "HealthProbe":
+    def __enter__(self) -> HealthProbe:
         self._thread.start()
         return self
 
@@ -201,8 +201,8 @@ def child_main(args) -> int:
     import flows.round
     import flows.training
     import tasks.bookkeeping
-    from nitro.runtime import ROUND_OBSERVERS, get_run
-    from nitro.tracking import RunTracker
+    from nitro.run.runtime import ROUND_OBSERVERS, get_run
+    from nitro.tracking.tracker import RunTracker
 
     trace = ApiTrace()
     trace.install()
@@ -223,8 +223,9 @@ def child_main(args) -> int:
         cpu_at_record_end.append(time.process_time())
         timings = getattr(get_run(run).backend, "timings", None)  # Lambda: when each invocation ran
         ids = [t for t in (timings or {}) if f"-r{report.round:05d}-" in t]
-        spans.append(max(timings[i].answered or 0 for i in ids) - min(timings[i].started for i in ids) if ids else None)
-        launched.append(max((timings[i].sent or 0) for i in ids) - min(timings[i].started for i in ids) if ids else None)
+        first = min(timings[i].started for i in ids) if ids else 0.0
+        spans.append(max(timings[i].answered or 0 for i in ids) - first if ids else None)
+        launched.append(max((timings[i].sent or 0) for i in ids) - first if ids else None)
 
     ROUND_OBSERVERS.append(observe)
     home = Path(tempfile.mkdtemp(prefix="nitro-bench-orch-home-"))
@@ -350,9 +351,9 @@ class PrefectServer:
         env.update(PREFECT_HOME=str(self.home), PREFECT_UI_ENABLED="false", PREFECT_SERVER_LOGGING_LEVEL="WARNING")
         if db_url:
             env["PREFECT_API_DATABASE_CONNECTION_URL"] = db_url
-        self.proc = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
-                                     env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        with open(self.log, "wb") as log_file:  # the child holds its own copy of the descriptor
+            self.proc = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+                                         env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
         import httpx
 
         deadline = time.monotonic() + 120
@@ -419,11 +420,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=512)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--big-round", type=int, default=0, help="part 2: actors in each round through a real server (0: skip)")
+    p.add_argument("--big-round", type=int, default=0,
+                   help="part 2: actors in each round through a real server (0: skip)")
     p.add_argument("--big-dbs", default="sqlite,postgres")
     p.add_argument("--big-rounds", type=int, default=3)
     p.add_argument("--big-duration", type=float, default=1.0, help="simulated actor duration (s) in part 2")
-    p.add_argument("--record-wait-s", type=float, default=300.0, help="part 2: how long to wait for the server to record every task run")
+    p.add_argument("--record-wait-s", type=float, default=300.0,
+                   help="part 2: how long to wait for the server to record every task run")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "orchestration_overhead.json")
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     p.add_argument("--child-actors", type=int, help=argparse.SUPPRESS)
@@ -510,14 +513,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2, default=str) + "\n")
-    print("\n| path | actors | steady round | bookkeeping | share | subflow call | tasks in round | record-round | API / round |")
+    print("\n| path | actors | steady round | bookkeeping | share | subflow call | tasks in round | record-round "
+          "| API / round |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for label, r in list(share.items()) + [(f"server on {db}/{r['rows'][0]['actors']:.0f} actors", r) for db, r in big.items()]:
+    big_rows = [(f"server on {db}/{r['rows'][0]['actors']:.0f} actors", r) for db, r in big.items()]
+    for label, r in list(share.items()) + big_rows:
         s = r["summary_steady_rounds"] or r["summary_all_rounds"]
         api, n = label.split("/")
         print(f"| {api} | {n.split()[0]} | {s['mean_iteration_s']:.2f} s | {s['mean_bookkeeping_ms']:.0f} ms | "
-              f"{100 * s['share_bookkeeping']:.2f}% | {s['mean_subflow_call_ms']:.0f} ms | {s['mean_in_body_orch_ms']:.0f} ms | "
-              f"{s['mean_record_ms']:.0f} ms | {s['api_ms_per_round']:.0f} ms |")
+              f"{100 * s['share_bookkeeping']:.2f}% | {s['mean_subflow_call_ms']:.0f} ms | "
+              f"{s['mean_in_body_orch_ms']:.0f} ms | {s['mean_record_ms']:.0f} ms | {s['api_ms_per_round']:.0f} ms |")
     print(f"wrote {args.out}")
     return 0
 

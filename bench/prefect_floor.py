@@ -43,8 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import machine  # noqa: E402
-from orchestration_overhead import PrefectServer  # noqa: E402
+from _common import machine  # noqa: E402  # bench/ on sys.path first
+from orchestration_overhead import PrefectServer  # noqa: E402  # bench/ on sys.path first
 
 WARMUP = 2
 
@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                         "records the last round's task runs (back to back, the next subflow waited ~2 s for "
                         "it). Default: the work of the real round with as many actors (or 2 s)")
     p.add_argument("--work-s", type=float, default=None,
-                   help="work of a steady round to compare with (default: per N, from orchestration_overhead_after_fix.json)")
+                   help="work of a steady round to compare with "
+                        "(default: per N, from orchestration_overhead_after_fix.json)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefect_floor.json"))
     p.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-actors", type=int, default=0, help=argparse.SUPPRESS)
@@ -152,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                        "work_s_compared": work, "floor_share": (median / (work + median)) if work else None}
                 results[f"{api}/{n} actors"] = row
                 share = f"{100 * row['floor_share']:.1f}% of a round whose work takes {work:.2f} s" if work else ""
-                print(f"{api:9s} N={n:3d}: an empty round costs {1000 * median:.0f} ms (p90 {1000 * p90:.0f} ms) {share}",
-                      flush=True)
+                print(f"{api:9s} N={n:3d}: an empty round costs {1000 * median:.0f} ms "
+                      f"(p90 {1000 * p90:.0f} ms) {share}", flush=True)
         finally:
             if server:
                 server.stop()

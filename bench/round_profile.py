@@ -63,9 +63,9 @@ def step_costs(env_id: str, overrides: list[str], steps: int = 3000) -> dict:
 def update_profile(env_id: str, overrides: list[str], actors: int) -> dict:
     import torch
 
+    from nitro.actors.rollout import rollout
     from nitro.config import NitroConfig
     from nitro.learners import make_learner
-    from nitro.rollout import rollout
 
     torch.set_num_threads(1)
     cfg = NitroConfig.load(overrides=[f"env_id={env_id}", *overrides])
@@ -87,12 +87,12 @@ def update_profile(env_id: str, overrides: list[str], actors: int) -> dict:
 
 def pipeline_rounds(env_id: str, overrides: list[str], actors: int, rounds: int) -> dict:
     from flows.training import train
-    from nitro.checkpoint import load_checkpoint
+    from nitro.run.rundir import RunDir
 
     home = isolated_home("round-profile")
     result = asyncio.run(train(env_id=env_id, rounds=rounds, seed=1, run_id="bench-round-profile", overrides=[
         *run_overrides(home), "scaler.name=fixed", f"scaler.fixed_actors={actors}", *overrides]))
-    _, state = load_checkpoint(home, "bench-round-profile")
+    _, state = RunDir(home, "bench-round-profile").load()
     steady = state["history"][2:]  # round 0 has no update; round 1 is the first (statistics) update
     keys = ("round_s", "learner_s", "detection_s", "actor_s", "orchestration_s")
     med = {k: statistics.median(r[k] for r in steady) for k in keys}

@@ -42,9 +42,9 @@ import os
 import time
 
 import numpy as np
-
 from _common import RESULTS, isolated_home, machine, run_overrides
 
+from nitro.experiments.aggregate import improvement_probability
 from nitro.experiments.stats import ratio_ci
 
 THRESHOLDS = {"Hopper-v5": 400.0, "Walker2d-v5": 300.0}
@@ -60,17 +60,18 @@ ARMS = {
 def run(env_id: str, arm: str, seed: int, rounds: int, extra: list[str], tag: str) -> dict:
     """One training run; its rounds as the checkpoint's history holds them."""
     from flows.training import train
-    from nitro.checkpoint import load_checkpoint
+    from nitro.run.rundir import RunDir
 
     home = isolated_home(f"stellaris-{tag}-{seed}")
     run_id = f"bench-{tag}-{env_id.split('-')[0].lower()}-{arm}-{seed}"
     started = time.perf_counter()
     asyncio.run(train(env_id=env_id, rounds=rounds, seed=seed, run_id=run_id, overrides=[
         *run_overrides(home), "clock.kind=lambda", *ARMS[arm], *extra]))
-    _, state = load_checkpoint(home, run_id)
+    _, state = RunDir(home, run_id).load()
     keep = ("round", "spend_round_usd", "round_lambda_s", "round_s", "learner_s", "actor_s", "eval_return_mean",
             "eval_stochastic_return_mean", "ppo/stellaris_staleness_mean", "ppo/stellaris_projected_s",
-            "ppo/stellaris_gradients_lost", "ppo/stellaris_learning_s", "ppo/sgd_steps", "spend_learner_usd", "spend_lambda_compute_usd")
+            "ppo/stellaris_gradients_lost", "ppo/stellaris_learning_s", "ppo/sgd_steps", "spend_learner_usd",
+            "spend_lambda_compute_usd")
     rows = [{k: r.get(k) for k in keep} for r in state["history"]]
     print(f"  {env_id} {arm} seed {seed}: {len(rows)} rounds in {time.perf_counter() - started:.0f} s, "
           f"spend ${sum(r['spend_round_usd'] for r in rows):.4f}", flush=True)
@@ -106,12 +107,13 @@ def mean_ci(values: list[float]) -> dict:
     from scipy import stats
 
     half = float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else math.nan
-    return {"mean": float(x.mean()), "ci95": half, "n": int(len(x))}
+    return {"mean": float(x.mean()), "ci95": half, "n": len(x)}
 
 
 def compare(runs: list[dict], arms: list[str], base: str) -> dict:
     """Per env: every arm's return at the common spend (both evaluation modes) and its time to the
-    threshold, and each arm's ratio to ``base``."""
+    threshold, and each arm's ratio to ``base`` (arch's bootstrap CI) and its probability of
+    improvement over ``base`` at mean action (rliable's, with its CI)."""
     out = {}
     for env_id in sorted({r["env_id"] for r in runs}):
         env_runs = [r for r in runs if r["env_id"] == env_id and r["arm"] in arms]
@@ -129,8 +131,12 @@ def compare(runs: list[dict], arms: list[str], base: str) -> dict:
                             "spend_usd": [sum(x["spend_round_usd"] for x in r["rounds"]) for r in mine]}
         for arm in arms:
             if arm != base:
-                per_arm[arm]["return_ratio_to_" + base] = ratio_ci(per_arm[arm]["returns_mean_action"],
-                                                                  per_arm[base]["returns_mean_action"])
+                mine_det, base_det = per_arm[arm]["returns_mean_action"], per_arm[base]["returns_mean_action"]
+                per_arm[arm]["return_ratio_to_" + base] = ratio_ci(mine_det, base_det)
+                # rliable's probability of improvement: a seed of this arm above a seed of base's
+                mine_ok, base_ok = [v for v in mine_det if math.isfinite(v)], [v for v in base_det if math.isfinite(v)]
+                per_arm[arm]["improvement_over_" + base] = (
+                    improvement_probability(mine_ok, base_ok).as_dict() if mine_ok and base_ok else None)
                 a, b = per_arm[arm]["time_to_threshold_s"], per_arm[base]["time_to_threshold_s"]
                 per_arm[arm]["time_ratio_to_" + base] = ratio_ci(a, b) if all(map(math.isfinite, a + b)) else \
                     {"ratio": math.nan, "note": "not every run reached the threshold"}
@@ -148,8 +154,9 @@ def boost(args: argparse.Namespace) -> dict:
             # sync: its update, alone on the learner; stellaris: from the first batch's landing to the
             # last gradient's application (the functions and the parameter server), projected
             learner = last["learner_s"] if arm == "sync" else last["ppo/stellaris_learning_s"]
-            rows.append({"actors": n, "arm": arm, "learner_projected_s": learner, "round_lambda_s": last["round_lambda_s"],
-                         "learner_busy_s": last["learner_s"], "staleness_mean": last.get("ppo/stellaris_staleness_mean"),
+            rows.append({"actors": n, "arm": arm, "learner_projected_s": learner,
+                         "round_lambda_s": last["round_lambda_s"], "learner_busy_s": last["learner_s"],
+                         "staleness_mean": last.get("ppo/stellaris_staleness_mean"),
                          "sgd_steps": last.get("ppo/sgd_steps")})
             print(f"  boost {n} {arm}: learner {learner:.2f} s, round {last['round_lambda_s']:.2f} s", flush=True)
     base = {arm: next(r["learner_projected_s"] for r in rows if r["arm"] == arm and r["actors"] == args.boost[0])
@@ -186,9 +193,11 @@ def main() -> None:
             for env_id in envs:
                 for seed in range(seeds):
                     for arm in arms:
-                        if part == "ablations" and arm in ("sync", "stellaris") and seed < args.seeds and "Hopper-v5" in args.envs:
+                        if (part == "ablations" and arm in ("sync", "stellaris") and seed < args.seeds
+                                and "Hopper-v5" in args.envs):
                             continue  # the main part's runs of the same seeds serve here
-                        rounds = args.rounds if arm.startswith("sync") else math.ceil(args.rounds * args.stellaris_factor)
+                        rounds = (args.rounds if arm.startswith("sync")
+                                  else math.ceil(args.rounds * args.stellaris_factor))
                         runs.append(run(env_id, arm, seed, rounds, common, part))
             if part == "ablations" and "Hopper-v5" in args.envs and (RESULTS / "stellaris_main.json").exists():
                 main_runs = json.loads((RESULTS / "stellaris_main.json").read_text())["runs"]

@@ -1,4 +1,5 @@
-"""``nitro experiment``: run an experiment spec through the ``nitro-experiment`` flow and print its summary."""
+"""``nitro experiment``: run an experiment spec through the ``nitro-experiment`` flow and print its summary;
+``nitro experiment report DIR``: rebuild a finished report's rliable statistics from its files."""
 
 from __future__ import annotations
 
@@ -47,4 +48,38 @@ def cmd_experiment(args) -> int:
     summary = json.loads((Path(result["report_dir"]) / "results.json").read_text())["summary"]
     print(format_summary([s for s in summary if not s.get("sensitivity")], markdown=False))
     print(f"report: {result['report_dir']}/README.md   MLflow parent run: {result['parent_run_id']}")
+    return 0
+
+
+def report_parser():
+    """``nitro experiment report DIR``'s parser (``cli.main`` dispatches to it: ``experiment`` takes a spec)."""
+    import argparse
+
+    from nitro.experiments.aggregate import BOOTSTRAP_REPS, PROFILE_REPS
+
+    p = argparse.ArgumentParser(
+        prog="nitro experiment report",
+        description="Rewrite a finished report's rliable statistics (per task and scaler IQM, mean and P(> "
+                    "reference) of the late and final return; across tasks on normalised scores; "
+                    "performance-profile.png) from the report's own results.json, runs.csv and rounds file, "
+                    "with no MLflow store. Only the README's statistics blocks, results.json's `statistics` "
+                    "and the profile change.")
+    p.add_argument("report_dir", nargs="+", metavar="DIR", help="a report directory, e.g. docs/results/boost-stellaris")
+    p.add_argument("--reps", type=int, default=BOOTSTRAP_REPS, help="bootstrap resamples per interval")
+    p.add_argument("--profile-reps", type=int, default=PROFILE_REPS, help="bootstrap resamples of the profile bands")
+    p.set_defaults(func=cmd_experiment_report)
+    return p
+
+
+def cmd_experiment_report(args) -> int:
+    """Rebuild each DIR's statistics; print the across-tasks table and the files written. Exit 2
+    (ExperimentError, one line) at the first DIR whose files lack what the statistics need."""
+    from nitro.experiments.aggregate import format_across_table
+    from nitro.experiments.restats import rebuild_statistics
+
+    for report_dir in args.report_dir:
+        rebuilt = rebuild_statistics(report_dir, reps=args.reps, profile_reps=args.profile_reps)
+        if any(agg["arms"] for agg in rebuilt.across_tasks):
+            print(format_across_table(rebuilt.across_tasks, rebuilt.reference))
+        print(f"{report_dir}: rewrote " + ", ".join(p.name for p in rebuilt.files))
     return 0

@@ -3,8 +3,11 @@
     nitro train [-c config.yaml] [key=value ...] [--run-id ID]   train (a Prefect flow run)
     nitro resume RUN_ID [--home DIR]                             continue a failed run
     nitro runs [--home DIR]                                      the runs under a home, with resume commands
+    nitro status RUN_ID [--home DIR]                             one run: rounds, checkpoints, disk use
+    nitro verify RUN_ID [--home DIR]                             check a run's checkpoints, resume nothing
     nitro compare [--experiment NAME] [--tag key=value ...]      table of runs from MLflow
     nitro experiment SPEC [key=value ...]                        a matrix of runs and its report
+    nitro experiment report DIR                                  rebuild a report's statistics from its files
     nitro probe SPEC [key=value ...]                             does R predict when boosting pays?
     nitro config [-c config.yaml] [key=value ...]                print the validated config
     nitro profile-actor [-c config.yaml] --memory 512,1024,...   pick the cheapest actor memory
@@ -18,13 +21,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from cli.session import PrefectApi
-    from nitro.run_result import RunResult
+    from nitro.run.result import RunResult
 
 
 def _prefect_defaults() -> None:
@@ -61,17 +66,16 @@ def _run_flow(config_path: str | None, overrides: list[str], run_id: str | None)
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from cli.session import announce, new_run_id, run_command
     from flows.training import train
     from nitro.config import NitroConfig
-    from nitro.runtime import ROUND_OBSERVERS
-
-    from cli.session import announce, new_run_id, run_command
-    from nitro.checkpoint import latest_round
-    from nitro.tracking import default_tracking_uri
+    from nitro.run.rundir import RunDir
+    from nitro.run.runtime import ROUND_OBSERVERS
+    from nitro.tracking.tracker import default_tracking_uri
 
     config = NitroConfig.from_yaml(config_path, overrides)  # fail fast, before Prefect starts
     run_id = run_id or new_run_id()
-    announce(config, run_id, latest_round(config.home, run_id) is not None, default_tracking_uri(config))
+    announce(config, run_id, RunDir(config.home, run_id).latest_round() is not None, default_tracking_uri(config))
     with Progress(TextColumn("[bold]nitro[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("rounds done"),
                   TimeElapsedColumn(), console=_CONSOLE, transient=True, disable=_CONSOLE is None) as progress:
         bar = progress.add_task("rounds", total=config.rounds)
@@ -86,25 +90,40 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from nitro.runtime import load_run_config
-    from nitro.checkpoint import run_dir
+    from nitro.run.rundir import RunDir
+    from nitro.run.runtime import load_run_config
 
     load_run_config(args.home, args.run_id)  # unknown run id: clear error
-    path = run_dir(args.home, args.run_id) / "config.yaml"
+    path = RunDir(args.home, args.run_id).config_file
     _print_result(*_run_flow(str(path), [f"home={args.home}"], args.run_id))
     return 0
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from nitro.runs import format_runs, list_runs
+    from nitro.run.runs import format_runs, list_runs
 
     print(format_runs(list_runs(args.home)))
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from nitro.run.runs import run_status
+
+    print(run_status(args.home, args.run_id))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from nitro.run.runs import verify_run
+
+    lines, whole = verify_run(args.home, args.run_id)
+    print("\n".join(lines))
+    return 0 if whole else 1
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
-    from nitro.compare import compare_runs, format_table
-    from nitro.tracking import TrackingError, default_tracking_uri
+    from nitro.tracking.compare import compare_runs, format_table
+    from nitro.tracking.tracker import TrackingError, default_tracking_uri
 
     tags = dict(t.split("=", 1) for t in args.tag if "=" in t)
     bad = [t for t in args.tag if "=" not in t]
@@ -127,8 +146,8 @@ def cmd_profile_actor(args: argparse.Namespace) -> int:
     not slower. Lambda: one alias per size, ``mem<N>`` (``nitro deploy-lambda --profile-memory``)."""
     from nitro.actors.profile import profile_actor
     from nitro.config import NitroConfig
-    from nitro.engine import Decision
-    from nitro.runtime import make_backend, open_run
+    from nitro.run.engine import Decision
+    from nitro.run.runtime import make_backend, open_run
 
     config = NitroConfig.from_yaml(args.config, args.overrides)
     sizes = [int(m) for m in args.memory.split(",")]
@@ -198,6 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", default=".nitro", type=Path, help="the runs' home directory (config `home`)")
     p.set_defaults(func=cmd_runs)
 
+    p = sub.add_parser("status", help="one run: its rounds, its checkpoints, its disk use and retention")
+    p.add_argument("run_id")
+    p.add_argument("--home", default=".nitro", type=Path, help="the run's home directory (config `home`)")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("verify", help="check a run's checkpoints against their digests, without resuming it")
+    p.add_argument("run_id")
+    p.add_argument("--home", default=".nitro", type=Path, help="the run's home directory (config `home`)")
+    p.set_defaults(func=cmd_verify)
+
     p = sub.add_parser("compare", help="table of runs from MLflow",
                        description="One row per Nitro run in MLflow: env, algo, scaler, seed, rounds done, "
                                    "final evaluation return, spend, status.")
@@ -210,7 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///.nitro/mlflow.db)")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("experiment", help="run an experiment spec (matrix of training runs) and write its report")
+    p = sub.add_parser("experiment", help="run an experiment spec (matrix of training runs) and write its report",
+                       epilog="nitro experiment report DIR [--reps N]: rewrite a finished report's rliable "
+                              "statistics from its committed files alone (see nitro experiment report --help)")
     p.add_argument("spec", help="experiment spec YAML (see examples/study_hopper.yaml)")
     p.add_argument("--sensitivity", action="store_true", help="also run the spec's sensitivity sweep (paper 8.4)")
     p.add_argument("--report-dir", default=None, help="default: the spec's report_dir, else docs/results/<name>")
@@ -221,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every cell, e.g. home=/data")
     p.set_defaults(func=_cmd_experiment)
 
-    p = sub.add_parser("probe", help="fork a run at chosen rounds into plain and boosted arms: does R predict the gain?")
+    p = sub.add_parser("probe",
+                       help="fork a run at chosen rounds into plain and boosted arms: does R predict the gain?")
     p.add_argument("spec", help="probe spec YAML (see examples/probe_hopper.yaml)")
     p.add_argument("--report-dir", default=None, help="default: the spec's report_dir, else docs/results/<name>")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every run, e.g. home=/data")
@@ -248,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cli.session import CommandFailed, print_failure, quiet_prefect_console
+    from cli.session import CommandFailed, Stopped, print_failure, quiet_prefect_console, stop_on_signals
 
     quiet_prefect_console()
     _prefect_defaults()
@@ -258,12 +290,18 @@ def main(argv: list[str] | None = None) -> int:
         from deployments.deploy_lambda import main as deploy_main
 
         return deploy_main(argv[1:])
-    args = build_parser().parse_args(argv)
-    from nitro.cache import CacheError
-    from nitro.checkpoint import CheckpointError
-    from nitro.config import ConfigError
-    from nitro.tracking import TrackingError
+    if argv[:2] == ["experiment", "report"]:  # ``experiment``'s own positional is a spec, so not a subparser
+        from cli.experiment import report_parser
 
+        args = report_parser().parse_args(argv[2:])
+    else:
+        args = build_parser().parse_args(argv)
+    from nitro.cache import CacheError
+    from nitro.config import ConfigError
+    from nitro.run.rundir import CheckpointError
+    from nitro.tracking.store import TrackingError
+
+    stop_on_signals()
     try:
         return args.func(args)
     except (ConfigError, CheckpointError, CacheError, TrackingError) as exc:
@@ -271,10 +309,39 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except CommandFailed as exc:
         return print_failure(exc)
-    except KeyboardInterrupt:
-        print("nitro: interrupted; resume with `nitro resume <run id>`", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # outside a run (a run says which one and how to resume it)
+        print(f"nitro: stopped by {exc}" if isinstance(exc, Stopped) else "nitro: interrupted", file=sys.stderr)
         return 130
 
 
+# How long the process may take to end once the command is done: Prefect's log and event workers
+# send what they hold to the API at interpreter exit and wait for it without a deadline, which an
+# API that went away turns into minutes of client retries.
+EXIT_DEADLINE_S = 30.0
+
+
+def run() -> None:
+    """The ``nitro`` console script. A run stopped by a signal may leave a worker thread blocked
+    in a wait it cannot be woken from (a socket read): once the run has unwound (its lease released,
+    its children stopped), the process ends without waiting for such threads. Otherwise it ends as
+    Python does, with a deadline (``EXIT_DEADLINE_S``)."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code >= 128:
+        logging.shutdown()
+        os._exit(code)
+
+    def exit_now() -> None:
+        os.write(2, f"nitro: Prefect's log and event workers did not finish sending within {EXIT_DEADLINE_S:.0f} s "
+                    f"(is its API gone?); exiting without them\n".encode())
+        os._exit(code)
+
+    deadline = threading.Timer(EXIT_DEADLINE_S, exit_now)
+    deadline.daemon = True
+    deadline.start()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -1,15 +1,15 @@
 """``nitro minionsrl pretrain``: pre-train MinionsRL's scheduler on the simulator and save it
-(``nitro.minionsrl.pretrain``); the file is what ``scaler.minionsrl.path`` deploys. The Prefect
+(``nitro.scaling.minionsrl.pretrain``); the file is what ``scaler.minionsrl.path`` deploys. The Prefect
 deployment ``minionsrl-pretrain`` (``flows/minionsrl.py``) does the same from the UI."""
 
 from __future__ import annotations
 
 import argparse
 
-from nitro.minionsrl.pretrain import fitted_pretrain_config, pretrain, pretrain_config, save_scheduler
-
 
 def cmd_minionsrl_pretrain(args: argparse.Namespace) -> int:
+    from nitro.scaling.minionsrl.pretrain import fitted_pretrain_config, pretrain, pretrain_config, save_scheduler
+
     fit_from = getattr(args, "fit_from", "") or ""
     if fit_from:
         cfg, report = fitted_pretrain_config(args.overrides, fit_from)
@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("minionsrl", help="MinionsRL's learned scheduler (a baseline): pre-train it")
     msub = p.add_subparsers(dest="minionsrl_command", required=True)
     q = msub.add_parser("pretrain", help="train the scheduler on the training simulator and save it (safetensors)")
-    q.add_argument("--out", default=".nitro/minionsrl.safetensors", help="where to save the scheduler")
+    q.add_argument("--out", default=".nitro/scaling/minionsrl.safetensors", help="where to save the scheduler")
     q.add_argument("--fit-from", default="", metavar="PATH",
                    help="fit the simulator's gain curve, noise and learner times to an experiment report's "
                         "rounds.csv first (key=value overrides still win)")

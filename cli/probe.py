@@ -9,13 +9,14 @@ def cmd_probe(args) -> int:
     Exit 0: done; 2: invalid spec or a fork that cannot be taken (ProbeError, a ConfigError)."""
     import asyncio
 
-    from nitro.probe import load_probe_spec
+    from nitro.experiments.probe import load_probe_spec
 
     load_probe_spec(args.spec, args.overrides)  # fail fast, before Prefect starts
     from flows.probe import probe
 
-    result = asyncio.run(probe(spec_path=str(args.spec), overrides=list(args.overrides), report_dir=args.report_dir or ""))
-    from nitro.probe import correlation_line
+    result = asyncio.run(probe(spec_path=str(args.spec), overrides=list(args.overrides),
+                               report_dir=args.report_dir or ""))
+    from nitro.experiments.probe import correlation_line
 
     print(f"probe {result['probe']}: {len(result['rows'])} branch rounds measured")
     for name, c in result["correlations"].items():

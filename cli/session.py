@@ -13,7 +13,7 @@
   (``serve_hint``); a link to the temporary server would be dead by then.
 * **One line on failure**: ``CommandFailed`` holds it, naming the component, its URL without a
   password and the exact resume command where the failure is one of infrastructure
-  (``nitro.failures``); any other error is one line too, pointing at the log file.
+  (``nitro.run.failures``); any other error is one line too, pointing at the log file.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import logging
 import os
 import secrets
 import shlex
+import signal
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -30,14 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nitro.checkpoint import run_dir
 from nitro.config import NitroConfig
-from nitro.failures import PrefectUnavailableError, describe_failure, one_line, resume_command
 from nitro.processes import die_with_parent, on_main_thread
+from nitro.run.failures import PrefectUnavailableError, describe_failure, one_line, resume_command
+from nitro.run.rundir import LOG_FILE, RunDir
 
 log = logging.getLogger("nitro")
 
-LOG_FILE = "nitro.log"
 # Prefect's console handler shows only what is critical: otherwise a failed task, its subflow and
 # its flow each log the same traceback to the terminal (three times over). The run's log file and
 # Prefect's own run logs (its API handler) still get everything.
@@ -47,10 +47,47 @@ CONSOLE_LEVEL_ENV = ("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
 class CommandFailed(RuntimeError):
     """A command that failed; ``str()`` is the one line to print."""
 
+    def __init__(self, line: str, exit_code: int = 1):
+        super().__init__(line)
+        self.exit_code = exit_code
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or Ctrl-C: the run unwinds as Ctrl-C makes it (its lease released, its children
+    stopped), keeping its last checkpoint."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and Ctrl-C raise ``Stopped`` in the main thread, where the run's context managers
+    unwind; a second one ends the process at once (its children die with it, ``die_with_parent``).
+    Prefect swaps in its own SIGTERM handler while a flow runs and re-sends the signal to this one
+    when it has unwound the flow."""
+    def handler(signum: int, frame: object) -> None:
+        if _STOPPING:
+            os.write(2, f"nitro: {signal.Signals(signum).name} again: stopping at once\n".encode())
+            os._exit(128 + signum)
+        _STOPPING.append(signum)
+        raise Stopped(signum)
+
+    if on_main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, handler)
+
+
+_STOPPING: list[int] = []  # the signals received so far
+
 
 def quiet_prefect_console() -> None:
-    """Call before Prefect configures its logging (before it is imported)."""
+    """Call before Prefect configures its logging (before it is imported). An API that went away
+    is reported once, by the run's one line; Prefect's background services (its event and log
+    workers) would each print every item they could not send."""
     os.environ.setdefault(*CONSOLE_LEVEL_ENV)
+    os.environ.setdefault("PREFECT_LOGGING_INTERNAL_LEVEL", "CRITICAL")
+    logging.raiseExceptions = False  # the log worker's "--- Error logging to API ---" per batch
 
 
 def new_run_id() -> str:
@@ -59,7 +96,7 @@ def new_run_id() -> str:
 
 
 def announce(config: NitroConfig, run_id: str, resumed: bool, tracking_uri: str) -> None:
-    where = run_dir(config.home, run_id)
+    where = RunDir(config.home, run_id).path
     verb = "resuming" if resumed else "starting"
     print(f"nitro: {verb} run {run_id}", flush=True)
     print(f"  state:  {where} (checkpoints, config.yaml, {LOG_FILE})", flush=True)
@@ -70,7 +107,7 @@ def announce(config: NitroConfig, run_id: str, resumed: bool, tracking_uri: str)
 @contextlib.contextmanager
 def run_log(config: NitroConfig, run_id: str) -> Iterator[Path]:
     """Everything logged while the run is open, also into the run's log file."""
-    path = run_dir(config.home, run_id) / LOG_FILE
+    path = RunDir(config.home, run_id).log_file
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -118,7 +155,7 @@ def serve_hint(home: Path, database_url: str | None, host: str, port: int, execu
         argv = [str(executable), "-m", "prefect"]
     argv += ["server", "start", "--port", str(port)]
     ui_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # a wildcard bind is reached locally
-    return ServeHint(" ".join(env + [shlex.join(argv)]), f"http://{ui_host}:{port}")
+    return ServeHint(" ".join([*env, shlex.join(argv)]), f"http://{ui_host}:{port}")
 
 
 def default_database_url(home: Path) -> str:
@@ -172,11 +209,16 @@ def _start_owned_server() -> Any:
     from prefect.server.api import server as prefect_server
 
     class OwnedServer(prefect_server.SubprocessASGIServer):
-        def _run_uvicorn_command(self):  # type: ignore[override]
+        def _run_uvicorn_command(self):
             real = prefect_server.subprocess
             shim = types.SimpleNamespace(**vars(real))
-            shim.Popen = lambda *a, **kw: real.Popen(*a, preexec_fn=die_with_parent if on_main_thread() else None, **kw)
-            prefect_server.subprocess = shim
+
+            def popen(*a: Any, **kw: Any) -> Any:
+                preexec: Callable[[], object] | None = die_with_parent if on_main_thread() else None
+                return real.Popen(*a, preexec_fn=preexec, **kw)  # type: ignore[call-overload]  # forwarded as given
+
+            shim.Popen = popen
+            prefect_server.subprocess = shim  # type: ignore[assignment]  # a stand-in module for this call only
             try:
                 return super()._run_uvicorn_command()
             finally:
@@ -193,30 +235,67 @@ def _start_owned_server() -> Any:
 def run_command(config: NitroConfig, run_id: str, fn: Callable[[], Any]) -> tuple[Any, PrefectApi]:
     """Run ``fn`` (the flow) with the run's log file and Prefect API; returns its result and that
     API. A failure becomes one ``CommandFailed`` line and its traceback goes to the log file."""
-    from nitro.lease import LeaseLost, RunHeld
-    from nitro.runtime import configured_redis_url
-    from nitro.tracking import default_tracking_uri
+    from nitro.cache.lease import LeaseLost, RunHeld
+    from nitro.run.runtime import configured_redis_url
+    from nitro.tracking.tracker import default_tracking_uri
 
     with run_log(config, run_id) as log_path:
         api = None
         try:
             with prefect_api() as api:
                 return fn(), api
-        except KeyboardInterrupt:
-            raise
         except (RunHeld, LeaseLost) as exc:  # its line already says who holds the run and what to do
             raise CommandFailed(" ".join(str(exc).split())) from None
         except Exception as exc:
+            if _stopped_by_signal(exc):  # a flow wraps the signal's exception in its own
+                raise _stopped(config, run_id, exc) from None
             logging.getLogger().error("run %s failed", run_id, exc_info=exc)  # to the log file, not the terminal
-            urls = {"Redis": configured_redis_url(config),
-                    "MLflow store": default_tracking_uri(config), "Prefect API": api and api.url}
+            urls = {"Redis": configured_redis_url(config), "MLflow store": default_tracking_uri(config),
+                    "Prefect API": api.url if api is not None else None}
             failure = describe_failure(exc, run_id, config.home, urls)
             if failure is not None:
                 raise CommandFailed(f"{failure} (traceback: {log_path})") from None
             raise CommandFailed(f"{type(exc).__name__}: {one_line(exc)}; traceback: {log_path}; "
                                 f"resume with: {resume_command(run_id, config.home)}") from None
+        except BaseException as exc:
+            if not _stopped_by_signal(exc):
+                raise
+            raise _stopped(config, run_id, exc) from None
+
+
+def _stopped(config: NitroConfig, run_id: str, exc: BaseException) -> CommandFailed:
+    """The one line of a run that a signal stopped (its traceback to the log file)."""
+    signum = _STOPPING[0] if _STOPPING else _signal_of(exc)
+    name = signal.Signals(signum).name
+    logging.getLogger().info("run %s stopped by %s", run_id, name, exc_info=exc)
+    return CommandFailed(f"stopped by {name}; the run keeps its last checkpoint. "
+                         f"Resume with: {resume_command(run_id, config.home)}", 128 + signum)
+
+
+def _signal_of(exc: BaseException) -> int:
+    """The signal a Prefect ``TerminationSignal`` in the chain carries; SIGINT for Ctrl-C."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        carried = getattr(seen, "signal", None)
+        if isinstance(carried, int):
+            return int(carried)
+        seen = seen.__cause__ or seen.__context__
+    return signal.SIGINT
+
+
+def _stopped_by_signal(exc: BaseException) -> bool:
+    """A signal's unwinding: ``Stopped``, Ctrl-C, or Prefect's ``TerminationSignal`` (raised
+    while a flow runs), anywhere in the exception's chain."""
+    from prefect.exceptions import TerminationSignal
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, (KeyboardInterrupt, TerminationSignal)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def print_failure(exc: CommandFailed) -> int:
     print(f"nitro: error: {exc}", file=sys.stderr)
-    return 1
+    return exc.exit_code

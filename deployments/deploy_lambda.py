@@ -33,9 +33,10 @@ import json
 import string
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 IAM_DIR = Path(__file__).resolve().parent / "iam"
 VPC_POLICY_ARN = "arn:{partition}:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole"
@@ -50,7 +51,7 @@ class DeploySpec:
     image_tag: str = "latest"
     memory_mb: int = 1024
     timeout_s: int = 300
-    architecture: str = "x86_64"
+    architecture: Literal["x86_64", "arm64"] = "x86_64"
     ephemeral_storage_mb: int = 512
     role_arn: str | None = None  # default: create/maintain role <function_name>-role
     environment: dict[str, str] = field(default_factory=dict)
@@ -75,7 +76,8 @@ class DeploySpec:
             raise ValueError(f"architecture must be x86_64 or arm64, got {self.architecture!r}")
         if self.provisioned_concurrency and not self.alias:
             raise ValueError("provisioned concurrency needs an alias (--alias live)")
-        if self.provisioned_concurrency < 0 or (self.reserved_concurrency is not None and self.reserved_concurrency < 0):
+        if self.provisioned_concurrency < 0 or (self.reserved_concurrency is not None
+                                                and self.reserved_concurrency < 0):
             raise ValueError("concurrency settings must not be negative")
         if (self.reserved_concurrency is not None and self.provisioned_concurrency > self.reserved_concurrency):
             raise ValueError("provisioned concurrency cannot exceed reserved concurrency")
@@ -120,12 +122,12 @@ class Deployer:
         spec.validate()
         self.spec = spec
         self.session = session or boto3.session.Session(region_name=spec.region)
-        kw = dict(region_name=spec.region, endpoint_url=spec.endpoint_url)
-        self.lam = self.session.client("lambda", **kw)
-        self.ecr = self.session.client("ecr", **kw)
-        self.iam = self.session.client("iam", **kw)
-        self.logs = self.session.client("logs", **kw)
-        self.sts = self.session.client("sts", **kw)
+        region, endpoint = spec.region, spec.endpoint_url
+        self.lam = self.session.client("lambda", region_name=region, endpoint_url=endpoint)
+        self.ecr = self.session.client("ecr", region_name=region, endpoint_url=endpoint)
+        self.iam = self.session.client("iam", region_name=region, endpoint_url=endpoint)
+        self.logs = self.session.client("logs", region_name=region, endpoint_url=endpoint)
+        self.sts = self.session.client("sts", region_name=region, endpoint_url=endpoint)
         self.poll_s = poll_s
         self.changes: list[str] = []
         ident = self.sts.get_caller_identity()
@@ -163,7 +165,8 @@ class Deployer:
         if not repo_part.endswith("/" + self.spec.ecr_repository) or not tag:
             return None
         try:
-            details = self.ecr.describe_images(repositoryName=self.spec.ecr_repository, imageIds=[{"imageTag": tag}])["imageDetails"]
+            details = self.ecr.describe_images(repositoryName=self.spec.ecr_repository,
+                                               imageIds=[{"imageTag": tag}])["imageDetails"]
         except Exception:
             return None
         return details[0].get("imageDigest") if details else None
@@ -213,7 +216,8 @@ class Deployer:
 
     def ensure_log_group(self) -> None:
         group = f"/aws/lambda/{self.spec.function_name}"
-        found = [g for g in self.logs.describe_log_groups(logGroupNamePrefix=group)["logGroups"] if g["logGroupName"] == group]
+        groups = self.logs.describe_log_groups(logGroupNamePrefix=group)["logGroups"]
+        found = [g for g in groups if g["logGroupName"] == group]
         if not found:
             self.logs.create_log_group(logGroupName=group)
             self._change(f"created log group {group}")
@@ -236,11 +240,12 @@ class Deployer:
             EphemeralStorage={"Size": self.spec.ephemeral_storage_mb},
             Description=self.spec.description,
         )
-        cfg["VpcConfig"] = {"SubnetIds": list(self.spec.subnet_ids), "SecurityGroupIds": list(self.spec.security_group_ids)}
+        cfg["VpcConfig"] = {"SubnetIds": list(self.spec.subnet_ids),
+                            "SecurityGroupIds": list(self.spec.security_group_ids)}
         return cfg
 
     @staticmethod
-    def _config_diff(current: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    def _config_diff(current: Mapping[str, Any], wanted: dict[str, Any]) -> list[str]:
         diff = []
         for key, value in wanted.items():
             have = current.get(key)
@@ -260,9 +265,11 @@ class Deployer:
                 diff.append(key)
         return diff
 
-    def _wait(self, waiter: str) -> None:
-        self.lam.get_waiter(waiter).wait(FunctionName=self.spec.function_name,
-                                         WaiterConfig={"Delay": self.poll_s, "MaxAttempts": int(600 / max(self.poll_s, 0.1))})
+    def _wait(self, waiter: Literal["function_active_v2", "function_updated_v2"]) -> None:
+        self.lam.get_waiter(waiter).wait(
+            FunctionName=self.spec.function_name,
+            WaiterConfig={"Delay": self.poll_s,  # type: ignore[typeddict-item]  # int in the stubs; floats work
+                          "MaxAttempts": int(600 / max(self.poll_s, 0.1))})
 
     def _retry_role_propagation(self, call, **kwargs):
         """A role created seconds ago may not be assumable by Lambda yet (IAM is eventually consistent)."""
@@ -271,12 +278,13 @@ class Deployer:
             try:
                 return call(**kwargs)
             except Exception as exc:
-                if _code(exc) == "InvalidParameterValueException" and "assume" in str(exc).lower() and time.monotonic() < deadline:
+                if (_code(exc) == "InvalidParameterValueException" and "assume" in str(exc).lower()
+                        and time.monotonic() < deadline):
                     time.sleep(self.poll_s * 2)
                     continue
                 raise
 
-    def ensure_function(self, role_arn: str, image_uri: str) -> dict[str, Any]:
+    def ensure_function(self, role_arn: str, image_uri: str) -> Mapping[str, Any]:
         name = self.spec.function_name
         wanted = self._wanted_config(role_arn)
         try:
@@ -292,7 +300,8 @@ class Deployer:
             return self.lam.get_function_configuration(FunctionName=name)
         cfg = fn["Configuration"]
         code = fn.get("Code", {})
-        code_changed = code.get("ImageUri") != image_uri or (cfg.get("Architectures") or ["x86_64"]) != [self.spec.architecture]
+        code_changed = (code.get("ImageUri") != image_uri
+                        or (cfg.get("Architectures") or ["x86_64"]) != [self.spec.architecture])
         if not code_changed:
             digest = self._image_digest(image_uri)
             resolved = code.get("ResolvedImageUri") or ""
@@ -326,8 +335,8 @@ class Deployer:
 
     _VERSION_KEYS = ("CodeSha256", "MemorySize", "Timeout", "Role", "Environment", "EphemeralStorage", "Architectures")
 
-    def _same_version(self, a: dict[str, Any], b: dict[str, Any]) -> bool:
-        def norm(c: dict[str, Any]) -> dict[str, Any]:
+    def _same_version(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+        def norm(c: Mapping[str, Any]) -> dict[str, Any]:
             out = {k: c.get(k) for k in self._VERSION_KEYS}
             out["Environment"] = (out["Environment"] or {}).get("Variables", {})
             out["EphemeralStorage"] = (out["EphemeralStorage"] or {}).get("Size", 512)
@@ -336,7 +345,7 @@ class Deployer:
 
         return norm(a) == norm(b)
 
-    def ensure_alias(self, alias: str, latest: dict[str, Any], what: str = "") -> tuple[str, str]:
+    def ensure_alias(self, alias: str, latest: Mapping[str, Any], what: str = "") -> tuple[str, str]:
         """Point ``alias`` at a published version equal to $LATEST; publish only if none is."""
         name = self.spec.function_name
         try:
@@ -348,8 +357,9 @@ class Deployer:
             if self._same_version(target, latest):
                 return current["AliasArn"], current["FunctionVersion"]
         self._wait("function_updated_v2")
+        description = what or f"nitro deploy {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
         version = self.lam.publish_version(FunctionName=name, CodeSha256=latest["CodeSha256"],
-                                           Description=what or f"nitro deploy {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")["Version"]
+                                           Description=description)["Version"]
         self._change(f"published version {version} of {name}")
         if current is None:
             arn = self.lam.create_alias(FunctionName=name, Name=alias, FunctionVersion=version)["AliasArn"]
@@ -374,7 +384,8 @@ class Deployer:
             self.lam.delete_provisioned_concurrency_config(FunctionName=name, Qualifier=alias)
             self._change(f"removed provisioned concurrency on {name}:{alias} (was {have})")
         elif wanted > 0 and have != wanted:
-            self.lam.put_provisioned_concurrency_config(FunctionName=name, Qualifier=alias, ProvisionedConcurrentExecutions=wanted)
+            self.lam.put_provisioned_concurrency_config(FunctionName=name, Qualifier=alias,
+                                                        ProvisionedConcurrentExecutions=wanted)
             self._change(f"set provisioned concurrency on {name}:{alias} to {wanted} (was {have})")
 
     def ensure_profile_aliases(self, role_arn: str) -> dict[int, str]:
@@ -449,8 +460,10 @@ def spec_from_args(argv: list[str] | None = None) -> DeploySpec:
     p.add_argument("--architecture", choices=["x86_64", "arm64"])
     p.add_argument("--ephemeral-storage-mb", type=int, default=512)
     p.add_argument("--role-arn", help="use this execution role instead of creating <function>-role")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="function environment variable (no secrets)")
-    p.add_argument("--secret-arn", help="Secrets Manager secret holding the Redis actor password (the role may read it)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="function environment variable (no secrets)")
+    p.add_argument("--secret-arn",
+                   help="Secrets Manager secret holding the Redis actor password (the role may read it)")
     p.add_argument("--subnet-ids", help="comma-separated; with --security-group-ids (ElastiCache lives in a VPC)")
     p.add_argument("--security-group-ids")
     p.add_argument("--reserved-concurrency", type=int, help="omit for none (an existing reservation is removed)")
@@ -471,7 +484,8 @@ def spec_from_args(argv: list[str] | None = None) -> DeploySpec:
         spec.function_name, spec.region, spec.architecture = lam.function_name, lam.region, lam.architecture
         spec.timeout_s, spec.memory_mb = lam.function_timeout_s, cfg.backend.memory_mb
         spec.provisioned_concurrency = lam.provisioned_concurrency
-        spec.alias = lam.qualifier if lam.qualifier and not lam.qualifier.isdigit() and lam.qualifier != "$LATEST" else spec.alias
+        if lam.qualifier and not lam.qualifier.isdigit() and lam.qualifier != "$LATEST":
+            spec.alias = lam.qualifier
     for attr in ("function_name", "image_uri", "ecr_repository", "memory_mb", "timeout_s", "architecture", "role_arn",
                  "secret_arn", "reserved_concurrency", "alias", "provisioned_concurrency", "region", "endpoint_url"):
         value = getattr(a, attr)

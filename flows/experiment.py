@@ -12,6 +12,7 @@ completed round. A failing cell does not stop the others (``fail_fast=False``); 
 the end, after writing the report of what finished, so a retry only redoes what is missing.
 
 ``random`` cells get the measured mean actors per round of their (env, algo, seed)'s nitro cell,
+and ``replay`` cells the per-round actor counts of the cell they replay once it has finished,
 which the run order puts first (see ``nitro/experiments/__init__.py``).
 """
 
@@ -36,15 +37,17 @@ from nitro.experiments import (
     cell_state,
     expand_cells,
     load_spec,
-    mark_done,
     machine_info,
+    mark_done,
     mean_actors_launched,
     mean_actors_per_round,
     nitro_partner,
+    replay_counts,
+    replay_partner,
     saved_config_mismatch,
     select_cells,
 )
-from nitro.tracking import TAG_MACHINE, RunTracker, default_tracking_uri
+from nitro.tracking.tracker import TAG_MACHINE, RunTracker, default_tracking_uri
 
 log = logging.getLogger("nitro")
 
@@ -60,7 +63,7 @@ class ExperimentFailed(RuntimeError):
     pass
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:50]
 
 
@@ -109,7 +112,7 @@ def attach_child(tracker: RunTracker, config, run_id: str, parent: str, tags: di
     """Create (or find) a training run's MLflow run nested under ``parent``, before
     ``run_training`` attaches to it by its ``nitro.run_id`` tag (which also records the Prefect
     flow run)."""
-    from nitro.cost import ledger_from_config
+    from nitro.pricing.cost import ledger_from_config
 
     tags = {TAG_PARENT_RUN: parent, **tags, **ledger_from_config(config).tags()}
     mlflow_run = tracker.start_or_attach(None, run_id, config, tags=tags)
@@ -137,15 +140,17 @@ async def experiment(
     spec's ``report_dir``, else ``docs/results/<name>``. ``only``: run just the cells whose fields
     have these values (e.g. ``{"env": ["Hopper-v5"]}``); the report still covers the whole spec
     and counts the cells not yet run."""
-    if (spec_path is None) == (spec is None):
+    source = spec_path if spec_path is not None else spec
+    if source is None or (spec_path is not None and spec is not None):
         raise ValueError("give exactly one of spec_path or spec")
-    parsed = load_spec(spec_path if spec_path is not None else spec, overrides or [])
+    parsed = load_spec(source, overrides or [])
     return await run_experiment(parsed, sensitivity=sensitivity, report_dir=report_dir, fail_fast=fail_fast,
                                 only=only)
 
 
-async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, report_dir: str | os.PathLike | None = None,
-                         fail_fast: bool = False, only: dict[str, list[str]] | None = None) -> dict:
+async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False,
+                         report_dir: str | os.PathLike | None = None, fail_fast: bool = False,
+                         only: dict[str, list[str]] | None = None) -> dict:
     from flows.training import run_training
 
     cells = expand_cells(spec, sensitivity=sensitivity)
@@ -185,11 +190,20 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
                 random_mean = mean_actors_launched(carried[partner.key].history)
             if random_mean is not None:
                 notes[cell.key] = f"random_mean_actors={random_mean:.3f}, measured on {partner.key}"
-        config = cell_config(spec, cell, random_mean)
+        replay = None
+        if replay_partner(spec, cell) is not None:  # the shuffled control: another cell's counts
+            replay, why = replay_counts(spec, cell, carried)
+            if replay is None:
+                failed[cell.key] = f"skipped: {why}"
+                log.warning("cell %d/%d %s: %s", i, len(to_run), cell.key, failed[cell.key])
+                continue
+            notes[cell.key] = why
+        config = cell_config(spec, cell, random_mean, replay)
         if cell_scaler(spec, cell) == "random" and random_mean is None:
             own = config.scaler.random_mean_actors
-            notes[cell.key] = (f"no nitro cell to match; random_mean_actors={own} from the base config" if own is not None
-                               else f"no nitro cell to match; random_boost_prob={config.scaler.random_boost_prob}")
+            notes[cell.key] = (
+                f"no nitro cell to match; random_mean_actors={own} from the base config" if own is not None
+                else f"no nitro cell to match; random_boost_prob={config.scaler.random_boost_prob}")
         state, done_rounds = cell_state(config, run_id)
         if state == "done":
             log.info("cell %d/%d %s: finished earlier (%d rounds), skipped", i, len(to_run), cell.key, done_rounds)
@@ -204,14 +218,14 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
                 break
             continue
         log.info("cell %d/%d %s: %s (run %s)", i, len(to_run), cell.key,
-                 "resuming after round %d" % done_rounds if state == "partial" else "starting", run_id)
+                 f"resuming after round {done_rounds}" if state == "partial" else "starting", run_id)
         try:
             attach_child(tracker, config, run_id, parent, {TAG_EXPERIMENT: tracker.experiment_name, TAG_CELL: cell.key,
                                                            TAG_LABEL: cell.label, TAG_MACHINE: machine})
             result = await run_training(config, run_id)
         except (KeyboardInterrupt, SystemExit):
             raise
-        except Exception as exc:  # noqa: BLE001 - one cell failing must not stop the study
+        except Exception as exc:  # one cell failing must not stop the study
             failed[cell.key] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             log.exception("cell %d/%d %s failed", i, len(to_run), cell.key)
             if fail_fast:
@@ -231,7 +245,7 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
     for s in report.summary:
         if s.get("sensitivity"):
             continue
-        key = _slug(f"{s['env']}-{s['algo']}-{s['label']}").replace("-", "_")
+        key = slug(f"{s['env']}-{s['algo']}-{s['label']}").replace("-", "_")
         for name in ("final_return_mean", "total_spend_usd_mean"):
             if isinstance(s[name], float) and math.isfinite(s[name]):
                 client.log_metric(parent, f"{key}/{name}", s[name])
@@ -239,7 +253,7 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
 
     mlflow_url = tracker.run_url(parent)
     await acreate_link_artifact(mlflow_url, link_text=f"MLflow parent run of experiment {spec.name}",
-                         key=f"nitro-experiment-{_slug(spec.name)}-mlflow",
+                         key=f"nitro-experiment-{slug(spec.name)}-mlflow",
                          description="The experiment's report is logged under the run's artifacts, in report/")
     await acreate_markdown_artifact(
         f"# Nitro experiment `{spec.name}`\n\n"
@@ -247,11 +261,12 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
         f"and on disk at `{out_dir.resolve()}`.\n\n"
         f"{len(cells)} cells: {sum(r['state'] == 'ran' for r in results.values())} ran, "
         f"{sum(r['state'] == 'skipped' for r in results.values())} skipped (finished earlier), "
-        f"{sum(r['state'] == 'carried' for r in results.values())} carried from the report (finished on other machines), "
+        f"{sum(r['state'] == 'carried' for r in results.values())} carried from the report "
+        "(finished on other machines), "
         f"{len(failed)} failed"
         f"{f', {len(cells) - len(to_run)} left out by --only' if len(to_run) < len(cells) else ''}.\n\n"
         + _summary_markdown(report),
-        key=f"nitro-experiment-{_slug(spec.name)}",
+        key=f"nitro-experiment-{slug(spec.name)}",
         description=f"Nitro experiment {spec.name}: summary and link to the full report",
     )
     outcome = {
@@ -265,7 +280,8 @@ async def run_experiment(spec: ExperimentSpec, *, sensitivity: bool = False, rep
         "failed": failed,
     }
     if failed:
-        raise ExperimentFailed(f"{len(failed)} of {len(to_run)} cells failed ({'; '.join(f'{k}: {v}' for k, v in list(failed.items())[:3])}); "
+        first_failures = "; ".join(f"{k}: {v}" for k, v in list(failed.items())[:3])
+        raise ExperimentFailed(f"{len(failed)} of {len(to_run)} cells failed ({first_failures}); "
                                "re-run the same command to resume them")
     return outcome
 

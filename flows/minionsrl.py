@@ -10,7 +10,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from nitro.minionsrl.pretrain import fitted_pretrain_config, pretrain, pretrain_config, save_scheduler
+from nitro.scaling.minionsrl.pretrain import fitted_pretrain_config, pretrain, pretrain_config, save_scheduler
 
 
 @task(name="pretrain-scheduler", cache_policy=NO_CACHE)
@@ -27,7 +27,7 @@ def pretrain_scheduler(overrides: Sequence[str], out: str, fit_from: str = "") -
 
 
 @flow(name="nitro-minionsrl-pretrain", persist_result=False, log_prints=True)
-def minionsrl_pretrain(out: str = ".nitro/minionsrl.safetensors", overrides: Sequence[str] = (),
+def minionsrl_pretrain(out: str = ".nitro/scaling/minionsrl.safetensors", overrides: Sequence[str] = (),
                        fit_from: str = "") -> dict:
     """Pre-train MinionsRL's learned scheduler (a baseline) on the training simulator and save it
     as safetensors with its pre-training record (episodes, simulated env steps, dollars on the

@@ -1,5 +1,5 @@
 """The boostability probe as a flow: a trunk run, forked at each branch round into a plain and a
-boosted arm, then a report of how well R and S_k rank the gains (``nitro/probe.py`` has the method).
+boosted arm, then a report of how well R and S_k rank the gains (``nitro/experiments/probe.py`` has the method).
 
 Per seed: the trunk trains (forking each arm from a round observer, right after its checkpoint of
 round k-1, before round k deletes the entries the fork copies), then every arm runs as an ordinary
@@ -21,10 +21,10 @@ from prefect.artifacts import acreate_markdown_artifact
 
 from flows.experiment import attach_child, parent_run
 from flows.training import run_training
-from nitro.checkpoint import latest_round
 from nitro.config import NitroConfig
-from nitro.probe import (
+from nitro.experiments.probe import (
     ARMS,
+    Arm,
     ProbeError,
     ProbeSpec,
     arm_config,
@@ -36,8 +36,9 @@ from nitro.probe import (
     trunk_config,
     trunk_run_id,
 )
-from nitro.runtime import ROUND_OBSERVERS, get_run, run_redis
-from nitro.tracking import RunTracker, default_tracking_uri
+from nitro.run.rundir import RunDir
+from nitro.run.runtime import ROUND_OBSERVERS, get_run, run_redis
+from nitro.tracking.tracker import RunTracker, default_tracking_uri
 
 log = logging.getLogger("nitro")
 
@@ -46,7 +47,8 @@ TAG_PROBE_PARENT = "nitro.probe_parent"
 
 
 @flow(name="nitro-probe", persist_result=False, log_prints=True)
-async def probe(spec_path: str = "examples/probe_hopper.yaml", overrides: Sequence[str] = (), report_dir: str = "") -> dict:
+async def probe(spec_path: str = "examples/probe_hopper.yaml", overrides: Sequence[str] = (),
+                report_dir: str = "") -> dict:
     """Probe whether the Hessian signal predicts the gain of boosting on a task (paper §2.2, Fig. 7):
     a trunk run forked at chosen rounds into a plain and a boosted arm, then the rank correlation
     of R_k and S_k with the gain, with its 95% CI, in a report and in MLflow.
@@ -69,8 +71,10 @@ async def run_probe(spec: ProbeSpec, *, report_dir: str | os.PathLike | None = N
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     parent = parent_run(tracker, TAG_PROBE_PARENT, spec.name, f"probe-{spec.name}", flow_run_id,
                         spec_yaml=yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False),
-                        params={"branch_rounds": spec.branch_rounds, "horizon": spec.horizon}, tags={TAG_PROBE: spec.name})
-    log.info("probe %s: seeds %s, branch rounds %s, MLflow parent run %s", spec.name, spec.seeds, spec.branch_rounds, parent)
+                        params={"branch_rounds": spec.branch_rounds, "horizon": spec.horizon},
+                        tags={TAG_PROBE: spec.name})
+    log.info("probe %s: seeds %s, branch rounds %s, MLflow parent run %s",
+             spec.name, spec.seeds, spec.branch_rounds, parent)
     for seed in spec.seeds:
         await run_trunk(spec, seed, tracker, parent)
         for k in spec.branch_rounds:
@@ -84,7 +88,8 @@ async def run_probe(spec: ProbeSpec, *, report_dir: str | os.PathLike | None = N
         if c["n"] >= 4 and c["rho"] == c["rho"]:
             tracker.client.log_metric(parent, f"spearman/{name.replace('~', '_vs_')}", c["rho"])
     tracker.client.set_terminated(parent, status="FINISHED")
-    await acreate_markdown_artifact((out_dir / "README.md").read_text(), key=f"nitro-probe-{spec.name.lower().replace('_', '-').replace('.', '-')}",
+    slug = spec.name.lower().replace("_", "-").replace(".", "-")
+    await acreate_markdown_artifact((out_dir / "README.md").read_text(), key=f"nitro-probe-{slug}",
                                     description=f"Nitro boostability probe {spec.name}")
     log.info("probe %s: report in %s", spec.name, out_dir)
     return {"probe": spec.name, "parent_run_id": parent, "tracking_uri": uri, "report_dir": str(out_dir),
@@ -97,8 +102,8 @@ async def run_trunk(spec: ProbeSpec, seed: int, tracker: RunTracker, parent: str
     config = trunk_config(spec, seed)
     trunk = trunk_run_id(spec, seed)
     to_fork = {k: [arm_run_id(spec, seed, k, arm) for arm in ARMS] for k in spec.branch_rounds
-               if any(latest_round(config.home, arm_run_id(spec, seed, k, arm)) is None for arm in ARMS)}
-    done = latest_round(config.home, trunk)
+               if any(RunDir(config.home, arm_run_id(spec, seed, k, arm)).latest_round() is None for arm in ARMS)}
+    done = RunDir(config.home, trunk).latest_round()
     passed = sorted(k for k in to_fork if done is not None and done >= k)
     if passed:
         raise ProbeError(f"trunk {trunk} has run round {passed[0]} already, so its arms can no longer be forked; "
@@ -136,7 +141,7 @@ def _fork_all(client, config: NitroConfig, trunk: str, k: int, arms: list[str]) 
     log.info("probe: forked %s after round %d into %s", trunk, k - 1, ", ".join(arms))
 
 
-async def run_arm(spec: ProbeSpec, seed: int, k: int, arm: str, tracker: RunTracker, parent: str) -> None:
+async def run_arm(spec: ProbeSpec, seed: int, k: int, arm: Arm, tracker: RunTracker, parent: str) -> None:
     config = arm_config(spec, seed, k, arm)
     run_id = arm_run_id(spec, seed, k, arm)
     if arm_finished(config, run_id):

@@ -3,7 +3,7 @@
     update policy -> detect boosting -> decide actors -> mapped actor invocations -> end round
 
 (with actors on VMs, a decision that starts instances is followed by the learner's replay while
-they boot, for ``vm-replay``; ``nitro.vm_replay``)
+they boot, for ``vm-replay``; ``nitro.run.vm_replay``)
 
 Each step's result is passed to the steps that use it, so the flow body is the round's data flow
 and Prefect's graph shows it. The flow is ``async`` on purpose: Prefect's sync flow engine joins
@@ -18,7 +18,8 @@ import time
 
 from prefect import flow, unmapped
 
-from nitro.engine import LatestUpdate, RoundReport, UpdateReport
+from nitro.run.engine import LatestUpdate, RoundReport
+from nitro.run.updates import UpdateReport
 from tasks.actors import collect_summaries, invoke_actor, launch_actors, plan_invocations, publish_weights
 from tasks.bookkeeping import end_round
 from tasks.detection import detect_boosting
@@ -34,7 +35,7 @@ async def training_round(run_id: str, k: int) -> RoundReport:
     update = update_policy(run_id, k)
     detection = detect_boosting(run_id, k, update)
     decision = decide_actors(run_id, k, detection, update, started)
-    if decision.instances_started:  # actors on VMs: vm-replay trains while they boot (nitro.vm_replay)
+    if decision.instances_started:  # actors on VMs: vm-replay trains while they boot (nitro.run.vm_replay)
         replay_while_instances_start(run_id, k)
 
     weights_key = publish_weights(run_id, k)
@@ -95,4 +96,5 @@ async def stellaris_round(run_id: str, k: int) -> RoundReport:
     update = server.result()
     actor_s = time.perf_counter() - acting
 
-    return end_round(run_id, k, update, detection, decision, summaries, actor_s, time.perf_counter() - started, functions)
+    elapsed_s = time.perf_counter() - started
+    return end_round(run_id, k, update, detection, decision, summaries, actor_s, elapsed_s, functions)

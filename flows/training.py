@@ -21,20 +21,23 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
 from flows.round import asynchronous_round, stellaris_round, training_round
-from nitro.checkpoint import run_dir
 from nitro.config import NitroConfig, ScalerName
 from nitro.envs import PAPER_ENVS
-from nitro.stopping import STOP_ROUNDS
-from nitro.failures import describe_failure
-from nitro.run_result import RunResult
-from nitro.runtime import RunContext, open_run
-from nitro.tracking import default_tracking_uri
+from nitro.run.failures import describe_failure
+from nitro.run.result import RunResult
+from nitro.run.rundir import RunDir
+from nitro.run.runtime import RunContext, open_run
+from nitro.run.stopping import STOP_ROUNDS
+from nitro.tracking.tracker import default_tracking_uri
 from tasks.bookkeeping import record_round, tidy_previous_attempts
 from tasks.tracking import attach_mlflow, finish_mlflow, flow_run_url
 
 log = logging.getLogger("nitro")
 
-EnvId = Literal[PAPER_ENVS]  # the run form's choices: the paper's six (the config accepts any known env)
+# the round flow that drives each update mode (nitro.run.updates)
+ROUND_FLOWS = {"sync": training_round, "learn-while-acting": asynchronous_round, "stellaris": stellaris_round}
+# the run form's choices: the paper's six (the config accepts any known env); one list, in nitro.envs
+EnvId = Literal[PAPER_ENVS]  # type: ignore[valid-type]  # mypy wants the values written out; Prefect reads them at run time
 
 
 def default_run_id() -> str:
@@ -124,13 +127,15 @@ def _send_round_lines_to_prefect() -> None:
 
 async def run_training(config: NitroConfig, run_id: str) -> RunResult:
     """The loop over rounds, shared by the deployment's flow and ``nitro train|resume``."""
-    round_flow = (stellaris_round if config.learner.mode == "stellaris" else
-                  asynchronous_round if config.learns_while_acting else training_round)
+    round_flow = ROUND_FLOWS[config.update_mode]
     actors = max(config.scaler.i_max, config.scaler.fixed_actors)
     # Stellaris: a gradient job's task waits for its batch and snapshot, so the learner functions
     # get threads of their own beside the actors'
-    functions = config.learner.functions_for(actors) if config.learner.mode == "stellaris" else 0
-    round_flow = round_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=actors + functions + 4))
+    functions = config.learner.functions_for(actors) if config.update_mode == "stellaris" else 0
+    runner: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=actors + functions + 4)
+    # Prefect types task_runner as TaskRunner[PrefectFuture]; its own thread runner is generic in a
+    # subclass of that future, which an invariant generic does not accept
+    round_flow = round_flow.with_options(task_runner=runner)  # type: ignore[arg-type]
     # One Prefect API client for every task of the run: without it, each task run builds its own
     # client, SSL context included (~20 ms of CPU each; bench/orchestration_overhead.py).
     with open_run(config, run_id) as ctx, SyncClientContext.get_or_create():
@@ -158,12 +163,12 @@ async def run_training(config: NitroConfig, run_id: str) -> RunResult:
         return RunResult(
             run_id=run_id,
             mlflow_run_id=ctx.mlflow_run_id,
-            mlflow_url=ctx.tracker.run_url(ctx.mlflow_run_id),
+            mlflow_url=ctx.tracker.run_url(ctx.mlflow_run_id) if ctx.tracker and ctx.mlflow_run_id else None,
             prefect_url=flow_run_url(),
             rounds_done=ctx.training.next_round,
             stop_reason=stop or STOP_ROUNDS,
             final_eval_return=final[1] if final else None,
             final_eval_round=final[0] if final else None,
             spend_usd=ctx.training.ledger.spent_usd,
-            checkpoints=str(run_dir(config.home, run_id)),
+            checkpoints=str(RunDir(config.home, run_id).path),
         )

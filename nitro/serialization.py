@@ -14,8 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.numpy import load as st_load
-from safetensors.numpy import save as st_save
+from safetensors.numpy import load as st_load, save as st_save
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -40,14 +39,16 @@ def dumps_tensors(tensors: Mapping[str, np.ndarray | torch.Tensor], meta: Mappin
     return st_save(arrays, metadata=metadata)
 
 
-def loads_tensors(data: bytes | bytearray | memoryview, *, expect_format: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def loads_tensors(data: bytes | bytearray | memoryview, *,
+                  expect_format: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Parse bytes from ``dumps_tensors``. Raises SerializationError on anything malformed."""
     data = bytes(data)
     if len(data) < 8:
         raise SerializationError(f"payload too short ({len(data)} bytes): truncated or empty")
     (header_len,) = struct.unpack("<Q", data[:8])
     if header_len > MAX_HEADER_BYTES or 8 + header_len > len(data):
-        raise SerializationError(f"payload header claims {header_len} bytes but only {len(data) - 8} follow: truncated or corrupt")
+        raise SerializationError(
+            f"payload header claims {header_len} bytes but only {len(data) - 8} follow: truncated or corrupt")
     try:
         header = json.loads(data[8 : 8 + header_len])
     except (UnicodeDecodeError, json.JSONDecodeError):

@@ -36,7 +36,7 @@ What is checked (docs/ARCHITECTURE.md "Wire formats"):
   already limits what one batch that passes can do to it.
 
 The behaviour log-probabilities are checked behind this door, against the policy version the
-batch names (``nitro.behaviour``): that needs the weights the learner published.
+batch names (``nitro.learners.behaviour``): that needs the weights the learner published.
 """
 
 from __future__ import annotations
@@ -112,7 +112,8 @@ def decode_batch_meta(payload: bytes, spec: EnvSpec, max_steps: int, invocation_
     """``decode_batch`` and the batch's metadata (its ``weights_version`` among them)."""
     limit = max_payload_bytes(spec, max_steps)
     if len(payload) > limit:
-        raise BatchError(f"payload of {len(payload)} bytes exceeds the {limit} bytes a batch of {max_steps} steps can need")
+        raise BatchError(
+            f"payload of {len(payload)} bytes exceeds the {limit} bytes a batch of {max_steps} steps can need")
     try:
         arrays, meta = loads_tensors(payload, expect_format=BATCH_FORMAT)
     except SerializationError as exc:
@@ -120,7 +121,8 @@ def decode_batch_meta(payload: bytes, spec: EnvSpec, max_steps: int, invocation_
     if meta.get("env_id") not in (None, spec.env_id):
         raise BatchError(f"meta env_id is {meta.get('env_id')!r}, this run trains on {spec.env_id!r}")
     if invocation_id is not None and meta.get("invocation_id") not in (None, invocation_id):
-        raise BatchError(f"meta invocation_id is {meta.get('invocation_id')!r}, the batch is stored as {invocation_id!r}")
+        raise BatchError(
+            f"meta invocation_id is {meta.get('invocation_id')!r}, the batch is stored as {invocation_id!r}")
     check_batch(arrays, spec, max_steps, bounds)
     return arrays, meta
 
@@ -156,7 +158,7 @@ def check_batch(batch: Mapping[str, np.ndarray], spec: EnvSpec, max_steps: int |
     if not (batch["terminated"][-1] or (K and idx.max() == T - 1)):
         raise BatchError("the last step is neither terminated nor bootstrapped: its successor is unknown")
     for key in ("obs", "bootstrap_obs", "actions", "logp", "rewards"):
-        _finite(batch[key], key)
+        finite(batch[key], key)
     if bounds is not None:
         check_bounds(batch, spec, bounds)
 
@@ -198,7 +200,7 @@ def _in_range(arr: np.ndarray, upper: int, key: str) -> None:
         raise BatchError(f"{key} out of range: values in [{arr.min()}, {arr.max()}], allowed [0, {upper})")
 
 
-def _finite(arr: np.ndarray, key: str) -> None:
+def finite(arr: np.ndarray, key: str) -> None:
     if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
         bad = int(arr.size - np.isfinite(arr).sum())
         raise BatchError(f"{key} has {bad} non-finite value(s) (NaN or inf)")

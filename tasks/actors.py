@@ -1,12 +1,15 @@
 """The actors: publish the weights once, plan the invocations, then one task run per invocation."""
 
+from collections.abc import Sequence
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture
 
 from nitro.actors.events import ActorEvent, ActorSummary
-from nitro.engine import Decision
-from nitro.runtime import get_run
+from nitro.run.engine import Decision
+from nitro.run.runtime import get_run
+from nitro.stellaris.jobs import GradientJob
 
 
 @task(name="publish-weights", cache_policy=NO_CACHE)
@@ -26,8 +29,7 @@ def launch_actors(run_id: str, events: list[ActorEvent]) -> int:
     all requests have left the client); each ``invoke-actor`` task then receives its invocation's
     summary. Without it, a round of 1000 actors would leave the client only as fast as Prefect
     starts task runs, one by one. Local actors are started by their tasks. Returns how many."""
-    launch = getattr(get_run(run_id).backend, "launch", None)
-    return launch(events) if launch is not None else 0
+    return get_run(run_id).backend.launch(events)
 
 
 # A retry is safe: the batch is stored with SET NX under the invocation id, so a second delivery
@@ -38,7 +40,7 @@ def invoke_actor(run_id: str, event: ActorEvent) -> ActorSummary:
     return get_run(run_id).backend.invoke(event)
 
 
-def collect_summaries(events: list[ActorEvent], futures: list[PrefectFuture]) -> list[ActorSummary]:
+def collect_summaries(events: Sequence[ActorEvent | GradientJob], futures: list[PrefectFuture]) -> list[ActorSummary]:
     """Wait for the mapped task runs; a task that failed for good is a failed invocation with
     its reason, never a failed round."""
     out = []

@@ -27,7 +27,7 @@ from typing import Any
 
 log = logging.getLogger("nitro")
 
-_LANES: dict[str, "_Lane"] = {}
+_LANES: dict[str, _Lane] = {}
 _LOCK = threading.Lock()
 
 

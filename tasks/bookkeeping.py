@@ -23,10 +23,12 @@ from prefect.client.schemas.objects import StateType
 from prefect.states import Crashed
 
 from nitro.actors.events import ActorSummary
-from nitro.detector import Detection
-from nitro.engine import Decision, RoundReport, UpdateReport
-from nitro.metrics import round_line
-from nitro.runtime import RunContext, checkpoint_run, get_run, notify_round
+from nitro.run.engine import Decision, RoundReport
+from nitro.run.failures import component_of, one_line
+from nitro.run.runtime import RunContext, checkpoint_run, get_run, notify_round
+from nitro.run.updates import UpdateReport
+from nitro.scaling.detector import Detection
+from nitro.tracking.metrics import round_line
 from tasks import background
 from tasks.artifacts import artifact_key, upsert_artifact
 
@@ -51,13 +53,17 @@ def record_round(run_id: str, report: RoundReport, round_s: float) -> RoundRepor
     """Add the round's wall time (``round_s``, around its whole flow), log it to MLflow, and
     checkpoint it; returns the round's report with its final timings.
 
-    The checkpoint is written last: a crash before it redoes the whole round on resume, and
-    MLflow's per-step de-duplication keeps that from logging a value twice."""
+    The checkpoint comes first: a crash before it redoes the whole round on resume; MLflow then
+    logs every checkpointed round it lacks, so a crash between the two loses no record and
+    MLflow's per-step de-duplication keeps a re-run round from logging a value twice."""
     ctx = get_run(run_id)
     report = ctx.training.record_round(report, round_s)
+    checkpoint_run(ctx.training.run_dir, report.round, ctx.training, ctx.lease)
     if ctx.tracker is not None:  # off the critical path, in order (tasks/background.py)
-        background.submit(run_id, _log_to_mlflow, ctx, report)
-    checkpoint_run(ctx.config, run_id, report.round, ctx.training, ctx.lease)
+        ctx.mlflow_tags.update({f"nitro.{key}": value[:5000] for key, value in report.tags.items()})
+        if not ctx.mlflow_queued:  # one catch-up waits at a time: a store that is down does not pile them up
+            ctx.mlflow_queued = True
+            background.submit(run_id, catch_up_mlflow, ctx)
     log.info(round_line(report.round, report.metrics, ctx.config.rounds))
     notify_round(run_id, report)
     # In line, not in the background lane: two artifact writes racing the next round's subflow
@@ -67,11 +73,34 @@ def record_round(run_id: str, report: RoundReport, round_s: float) -> RoundRepor
     return report
 
 
-def _log_to_mlflow(ctx: RunContext, report: RoundReport) -> None:
+def catch_up_mlflow(ctx: RunContext, final: bool = False) -> None:
+    """Log to MLflow every checkpointed round it lacks, and the tags not yet logged (e.g. why a
+    batch was dropped). A store that does not answer (a server or database that went away) does
+    not stop the run: one line says so, and the records catch up once it answers again; at the
+    end of the run (``final``) it fails the run with one line instead, and ``nitro resume`` logs
+    the rest. Any other error fails the run."""
+    ctx.mlflow_queued = False
+    if ctx.tracker is None or ctx.mlflow_run_id is None:
+        return
     ctx.lease.check()  # fenced: only the run's one writer logs its rounds
-    ctx.tracker.log_round(ctx.mlflow_run_id, report.round, report.metrics)
-    for key, value in report.tags.items():  # e.g. why a batch was dropped: one tag per batch
-        ctx.tracker.client.set_tag(ctx.mlflow_run_id, f"nitro.{key}", value[:5000])
+    try:
+        logged = [row["round"] for row in list(ctx.training.history)
+                  if ctx.tracker.log_round(ctx.mlflow_run_id, int(row["round"]),
+                                           {k: v for k, v in row.items() if k != "round"})]
+        for key in list(ctx.mlflow_tags):
+            ctx.tracker.client.set_tag(ctx.mlflow_run_id, key, ctx.mlflow_tags.pop(key))
+    except Exception as exc:
+        if final or component_of(exc) != "MLflow store":
+            raise
+        if ctx.mlflow_down is None:
+            log.warning("run %s: the MLflow store does not answer (%s); the run goes on and logs its rounds "
+                        "once it answers again", ctx.run_id, one_line(exc))
+        ctx.mlflow_down = one_line(exc)
+        return
+    if ctx.mlflow_down is not None:
+        ctx.mlflow_down = None
+        log.warning("run %s: the MLflow store answers again: caught up rounds %s", ctx.run_id,
+                    f"{int(logged[0])}-{int(logged[-1])}" if logged else "(none missing)")
 
 
 def _publish_live_state(ctx: RunContext) -> None:

@@ -3,9 +3,10 @@
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from nitro.detector import Detection
-from nitro.engine import LatestUpdate, UpdateReport
-from nitro.runtime import get_run
+from nitro.run.engine import LatestUpdate
+from nitro.run.runtime import get_run
+from nitro.run.updates import UpdateReport
+from nitro.scaling.detector import Detection
 
 
 @task(name="detect-boosting", cache_policy=NO_CACHE)

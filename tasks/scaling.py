@@ -4,11 +4,11 @@ and, with actors on VMs, what the learner does while the instances it starts boo
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from nitro.detector import Detection
-from nitro.engine import Decision, UpdateReport
-from nitro.runtime import get_run
-from nitro.vm_replay import ReplayReport
-from nitro.vm_replay import replay_while_instances_start as replay_while
+from nitro.run.engine import Decision
+from nitro.run.runtime import get_run
+from nitro.run.updates import UpdateReport
+from nitro.run.vm_replay import ReplayReport, replay_while_instances_start as replay_while
+from nitro.scaling.detector import Detection
 
 
 @task(name="decide-actors", cache_policy=NO_CACHE)

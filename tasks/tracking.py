@@ -7,11 +7,12 @@ from prefect import runtime, task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.urls import url_for
 
-from nitro.checkpoint import checkpoint_dir
-from nitro.runtime import get_run
-from nitro.tracking import RunTracker, default_tracking_uri
+from nitro.run.rundir import RunDir
+from nitro.run.runtime import get_run
+from nitro.tracking.tracker import RunTracker, default_tracking_uri
 from tasks import background
 from tasks.artifacts import artifact_key, upsert_artifact
+from tasks.bookkeeping import catch_up_mlflow
 
 
 def flow_run_url() -> str | None:
@@ -58,9 +59,12 @@ def finish_mlflow(run_id: str, status: str = "FINISHED") -> None:
     background.drain(run_id, raise_failure=status == "FINISHED")
     ctx = get_run(run_id)
     tracker, mlflow_run = ctx.tracker, ctx.mlflow_run_id
+    if tracker is None or mlflow_run is None:  # MLflow was never attached: nothing to finish
+        return
     ctx.lease.check()
     if status != "FINISHED":
         tracker.end_run(mlflow_run, status)
         return
+    catch_up_mlflow(ctx, final=True)  # a store that was down logs what it missed, or fails the run now
     policy = ctx.training.policy_payload(ctx.training.next_round)
-    tracker.log_final(mlflow_run, policy, checkpoint_dir(ctx.config.home, run_id), ctx.training.history)
+    tracker.log_final(mlflow_run, policy, RunDir(ctx.config.home, run_id).checkpoints, ctx.training.history)

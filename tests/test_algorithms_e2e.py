@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from mlflow.tracking import MlflowClient
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _run(tmp_path, redis_url, run_id, **params):
@@ -21,8 +21,10 @@ def _run(tmp_path, redis_url, run_id, **params):
         f"home={tmp_path}", f"tracking.mlflow_uri={uri}", f"redis.url={redis_url}", *overrides,
     ], run_id=run_id, **params))
     client = MlflowClient(tracking_uri=uri)
-    history = {name: [m.value for m in sorted(client.get_metric_history(result.mlflow_run_id, name), key=lambda m: m.step)]
-               for name in ("env_steps", "actors_failed", "learner_s", "actor_s", "hessian_R")}
+    history = {
+        name: [m.value for m in sorted(client.get_metric_history(result.mlflow_run_id, name), key=lambda m: m.step)]
+        for name in ("env_steps", "actors_failed", "learner_s", "actor_s", "hessian_R")
+    }
     return result, history
 
 
@@ -37,7 +39,10 @@ def test_impact_asynchronous_on_hopper(prefect_api, tmp_path, redis_url):
 
 @pytest.mark.parametrize("algo", ["ppo", "impact"])
 def test_atari_trains_with_the_cnn(prefect_api, tmp_path, redis_url, algo):
+    # Both rounds evaluate (the first and the last); one short episode per mode is enough to run the
+    # CNN through evaluation, where the default's ten whole Atari episodes per evaluation take minutes.
     result, h = _run(tmp_path, redis_url, f"atari-{algo}", algo=algo, env_id="ALE/SpaceInvaders-v5", rounds=2,
-                     overrides=["steps_per_actor=64", "ppo.minibatch_size=64", "impact.minibatch_size=64"])
+                     overrides=["steps_per_actor=64", "ppo.minibatch_size=64", "impact.minibatch_size=64",
+                                "eval.episodes=1", "eval.max_steps=200"])
     assert result.rounds_done == 2
     assert h["env_steps"] == [128.0, 128.0] and h["actors_failed"] == [0.0, 0.0]

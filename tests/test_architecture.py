@@ -6,9 +6,14 @@
   import circle with them.
 * No import circle among the product modules (``nitro``, ``flows``, ``tasks``, ``cli``,
   ``actor_lambda``): a circle makes the import order matter and the modules inseparable.
+* The layers of ``LAYERS`` (docs/ARCHITECTURE.md draws them): a module imports only from its own
+  layer and the layers below it, never up.
+* No private name crosses a module: ``from m import _name`` of a product module, or
+  ``obj._name`` on anything but ``self``/``cls``, is an interface that was never declared.
+* ``nitro/`` holds at most ``MAX_TOP_LEVEL`` entries, so its folders show the architecture.
 * No file of product code over 450 lines, none in ``nitro/learners/`` over 300: a file that long
   has more than one reason to change.
-* The engine runs every algorithm through the ``Learner`` contract: ``nitro/engine.py`` never
+* The engine runs every algorithm through the ``Learner`` contract: ``nitro/run/engine.py`` never
   branches on ``config.algo``.
 * What the code and the README cite lives in the repository (docs/decisions.md), not in files
   outside it that a clone does not have (``../shared``, ``SPEC.md``, ``NOTES.md``).
@@ -19,6 +24,7 @@ Every import statement counts, also one inside a function or under ``if TYPE_CHE
 from __future__ import annotations
 
 import ast
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -29,6 +35,24 @@ PRODUCT = ("nitro", "flows", "tasks", "cli", "actor_lambda")
 MAX_LINES = 450
 MAX_LINES_UNDER = {"nitro/learners": 300}
 OUTSIDE_REFERENCES = ("../shared", "SPEC.md", "NOTES.md")
+MAX_TOP_LEVEL = 16  # modules and packages directly under nitro/, __init__.py included
+# Bottom to top. A layer's modules import from their own layer and the layers below it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("nitro", "nitro.envs", "nitro.serialization", "nitro.processes"),  # no Nitro import at all
+    ("nitro.models",),  # the networks
+    ("nitro.config",),  # the run's typed config
+    ("nitro.validation", "nitro.cache"),  # the learner's door; Redis: trajectories, leases
+    ("nitro.actors", "nitro.learners"),  # what acts and what learns
+    ("nitro.pricing",),  # the ledger and the clocks
+    ("nitro.stellaris", "nitro.scaling"),  # serverless learners; how many actors a round gets
+    ("nitro.tracking",),  # MLflow, the per-round metrics, plots, comparisons
+    ("nitro.run",),  # one training run: its folder, its rounds, its update modes, its resources
+    ("nitro.experiments",),  # studies over many runs
+    ("tasks",), ("flows",), ("cli", "actor_lambda"),  # Prefect tasks, flows, the entry points
+)
+# Private names of other libraries that their own documentation offers for use.
+FOREIGN_PRIVATE = {"_replace", "_asdict", "_fields", "_exit", "_SubParsersAction", "_elapsed_steps", "_open",
+                   "_run_uvicorn_command"}
 
 
 def _imported_modules(node: ast.AST) -> list[str]:
@@ -184,7 +208,7 @@ def describe_circle(graph: Mapping[str, Mapping[str, list[str]]], component: Seq
             for w in sorted(graph[v]):
                 if w == start:
                     cycle = paths[v] + [start]
-                    lines = [f"    {a} -> {b}: {', '.join(graph[a][b])}" for a, b in zip(cycle, cycle[1:])]
+                    lines = [f"    {a} -> {b}: {', '.join(graph[a][b])}" for a, b in itertools.pairwise(cycle)]
                     return " -> ".join(cycle) + "\n" + "\n".join(lines)
                 if w in inside and w not in paths:
                     paths[w] = paths[v] + [w]
@@ -240,6 +264,71 @@ def test_the_circle_check_resolves_imports_and_tells_a_package_from_its_submodul
         "    pkg.sub.x -> pkg.sub: pkg/sub/x.py:1")
 
 
+def layer_of(module: str) -> int:
+    """The index in ``LAYERS`` of the longest entry that is ``module`` or one of its packages."""
+    best, found = "", -1
+    for i, layer in enumerate(LAYERS):
+        for entry in layer:
+            if (module == entry or module.startswith(entry + ".")) and len(entry) > len(best):
+                best, found = entry, i
+    if found < 0:
+        raise KeyError(f"{module} is in no layer: add it to LAYERS")
+    return found
+
+
+def arrows_up(graph: Mapping[str, Mapping[str, list[str]]]) -> list[str]:
+    return [f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)}): {', '.join(lines)}"
+            for a, edges in sorted(graph.items()) for b, lines in sorted(edges.items()) if layer_of(b) > layer_of(a)]
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    graph = import_graph(ROOT, PRODUCT)
+    assert layer_of("nitro.run.engine") > layer_of("nitro.learners.ppo") > layer_of("nitro.config")
+    found = arrows_up(graph)
+    assert not found, "imports that run up the layers:\n" + "\n".join(found)
+
+
+def test_the_layer_check_sees_an_arrow_up():
+    graph = {"nitro.learners.ppo": {"nitro.run.engine": ["nitro/learners/ppo.py:3"]}, "nitro.run.engine": {}}
+    assert arrows_up(graph) == [
+        "nitro.learners.ppo (layer 4) imports nitro.run.engine (layer 8): nitro/learners/ppo.py:3"
+    ]
+
+
+def private_crossings(source: str, name: str) -> list[str]:
+    """``name:line: what`` for each private name of a product module imported, and each private
+    attribute read on anything but ``self``/``cls`` (other libraries' documented ones aside)."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename=name)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PRODUCT:
+            found += [f"{name}:{node.lineno}: imports {node.module}.{a.name}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+        elif (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+              and node.attr not in FOREIGN_PRIVATE
+              and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+            found.append(f"{name}:{node.lineno}: reads {ast.unparse(node)}")
+    return found
+
+
+def test_no_private_name_crosses_a_module():
+    files = sorted(p for d in PRODUCT for p in (ROOT / d).rglob("*.py") if "__pycache__" not in p.parts)
+    found = [hit for p in files for hit in private_crossings(p.read_text(), p.relative_to(ROOT).as_posix())]
+    assert not found, "private names used outside their module (make them public, or give an interface):\n" + "\n".join(
+        found
+    )
+
+
+def test_the_private_check_sees_imports_and_attributes():
+    source = ("from nitro.a import _b, c\nfrom os import _exit\nx = learner._merge(1)\nself._ok = 1\n"
+              "row = t._replace(a=1)\nfrom nitro.d import __version__\n")
+    assert private_crossings(source, "f.py") == ["f.py:1: imports nitro.a._b", "f.py:3: reads learner._merge"]
+
+
+def test_the_core_shows_its_layers_in_few_top_level_entries():
+    entries = sorted(p.name for p in CORE.iterdir() if p.name != "__pycache__" and (p.suffix == ".py" or p.is_dir()))
+    assert len(entries) <= MAX_TOP_LEVEL, f"{len(entries)} entries directly under nitro/: {entries}"
+
+
 # -- file size, the engine, references --------------------------------------------------------------
 
 
@@ -266,14 +355,18 @@ def test_no_product_file_is_over_its_line_limit():
 
 
 def test_line_limits():
-    assert line_limit("nitro/engine.py") == 450
+    assert line_limit("nitro/run/engine.py") == 450
     assert line_limit("nitro/learners/ppo.py") == 300
     assert line_limit("nitro/learners_extra.py") == 450
 
 
 def test_the_engine_does_not_branch_on_the_algorithm():
-    text = (ROOT / "nitro" / "engine.py").read_text()
-    lines = [f"nitro/engine.py:{i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1) if "config.algo" in line]
+    text = (ROOT / "nitro" / "run" / "engine.py").read_text()
+    lines = [
+        f"nitro/run/engine.py:{i}: {line.strip()}"
+        for i, line in enumerate(text.splitlines(), 1)
+        if "config.algo" in line
+    ]
     assert not lines, "the engine must reach the learner through its contract, not config.algo:\n" + "\n".join(lines)
 
 
@@ -284,10 +377,15 @@ def outside_references(text: str, name: str) -> list[str]:
 
 
 def test_product_code_and_readme_cite_only_what_the_repository_holds():
-    files = _product_files(PRODUCT + ("deployments",)) + [ROOT / "README.md"]
-    found = [hit for path in files
-             for hit in outside_references(path.read_text(errors="replace"), path.relative_to(ROOT).as_posix())]
-    assert not found, "cite docs/decisions.md (or give the reason) instead of files outside the repository:\n" + "\n".join(found)
+    files = [*_product_files((*PRODUCT, "deployments")), ROOT / "README.md"]
+    found = [
+        hit
+        for path in files
+        for hit in outside_references(path.read_text(errors="replace"), path.relative_to(ROOT).as_posix())
+    ]
+    assert not found, (
+        "cite docs/decisions.md (or give the reason) instead of files outside the repository:\n" + "\n".join(found)
+    )
 
 
 def test_the_reference_check_sees_each_form():

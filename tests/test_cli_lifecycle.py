@@ -1,6 +1,11 @@
-"""The `nitro` command as a user runs it, in a subprocess, with its own temporary Prefect API, its
-own local Redis and its own actor workers: what it says when it starts, what it says when a
-component dies under it, what it leaves behind when it is killed, how it resumes, and `nitro runs`.
+"""The `nitro` command as a user runs it, in a subprocess, with its own local Redis and its own
+actor workers: what it says when it starts, what it says when a component dies under it, what it
+leaves behind when it is killed, how it resumes, and `nitro runs`.
+
+The test of a ``kill -9`` runs `nitro` as a user does with no Prefect server configured: it starts
+its own temporary Prefect API, which must die with it. The others are not about that server: they
+point `nitro` at the session's Prefect API (``PREFECT_API_URL``, the ``prefect_api`` fixture), as a
+user with a `prefect server` does, instead of starting one per command.
 
 A test kills only processes that descend from the `nitro` process it started itself.
 """
@@ -20,28 +25,34 @@ import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from nitro.checkpoint import checkpoint_dir, load_checkpoint, run_dir
-from nitro.metrics import ROUND_METRICS
+from nitro.run.rundir import RunDir
+from nitro.tracking.metrics import ROUND_METRICS
+from tests.support.templates import nitro_home, prefect_home
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-ROUNDS = 4
+ROUNDS = 3  # a round before the one killed (or cut off) and one after it
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "NITRO_REDIS_URL", "MLFLOW_TRACKING_URI")}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect")  # its own API database
+def _env(tmp_path: Path, api: str | None) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "NITRO_REDIS_URL", "MLFLOW_TRACKING_URI")
+    }
+    env["PREFECT_HOME"] = str(prefect_home(tmp_path / "prefect"))  # without ``api``: its temporary server's database
+    if api:
+        env["PREFECT_API_URL"] = api
     return env
 
 
 def _config(home: Path) -> list[str]:
     return [f"rounds={ROUNDS}", "steps_per_actor=256", "scaler.name=fixed", "scaler.fixed_actors=2",
             "backend.workers=2", "detector.subset_size=64", "eval.every_rounds=0", "round_deadline_s=20",
-            f"home={home}"]
+            f"home={nitro_home(home)}"]
 
 
-def _nitro(tmp_path: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=tmp_path, env=_env(tmp_path),
+def _nitro(tmp_path: Path, *args: str, api: str | None = None) -> subprocess.Popen:
+    """`nitro <args>` against the Prefect API ``api``; without one, `nitro` starts its own temporary one."""
+    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=tmp_path, env=_env(tmp_path, api),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -83,7 +94,7 @@ def _wait_for(predicate, proc: subprocess.Popen, what: str, timeout_s: float = 2
 
 def _inflight_round(home: Path, run_id: str) -> int | None:
     try:
-        return int(json.loads((run_dir(home, run_id) / "inflight.json").read_text())["round"])
+        return int(json.loads((RunDir(home, run_id).path / "inflight.json").read_text())["round"])
     except (OSError, ValueError, KeyError):
         return None
 
@@ -130,15 +141,15 @@ def _one_mlflow_run_with_one_value_per_step(home: Path) -> str:
     return runs[0].info.run_id
 
 
-def test_train_says_where_the_run_is_and_runs_lists_it(tmp_path):
+def test_train_says_where_the_run_is_and_runs_lists_it(tmp_path, prefect_api):
     home = tmp_path / "home"
-    code, out, err = _finish(_nitro(tmp_path, "train", *_config(home), "rounds=1"))
+    code, out, err = _finish(_nitro(tmp_path, "train", *_config(home), "rounds=1", api=prefect_api))
     assert code == 0, err[-3000:]
     lines = out.splitlines()
     run_id = lines[0].removeprefix("nitro: starting run ")
     assert run_id.startswith("run-") and len(run_id) == 16, lines[0]
     assert f"state:  {home}/runs/{run_id}" in out and f"resume: nitro resume {run_id} --home {home}" in out
-    assert "started a local Redis" in (run_dir(home, run_id) / "nitro.log").read_text()
+    assert "started a local Redis" in (RunDir(home, run_id).log_file).read_text()
 
     code, out, _ = _finish(_nitro(tmp_path, "runs", "--home", str(home)))
     assert code == 0
@@ -152,7 +163,7 @@ def test_sigkill_mid_round_leaves_nothing_behind_and_resume_bills_the_round(tmp_
     names = _kill_mid_round_1(_nitro(tmp_path, "train", "--run-id", run_id, *_config(home)), home, run_id, grace_s=10)
     assert "redis-server" in names and "uvicorn" in names and "nitro.actors.local" in names, names
     killed_round = _inflight_round(home, run_id)
-    assert killed_round == 1 and not (checkpoint_dir(home, run_id) / "round-00001").exists()
+    assert killed_round == 1 and not (RunDir(home, run_id).checkpoints / "round-00001").exists()
 
     code, out, _ = _finish(_nitro(tmp_path, "runs", "--home", str(home)))
     row = next(line for line in out.splitlines() if line.startswith(run_id))
@@ -162,7 +173,7 @@ def test_sigkill_mid_round_leaves_nothing_behind_and_resume_bills_the_round(tmp_
     assert code == 0, err[-3000:]
     assert f"{ROUNDS} rounds" in out
     _one_mlflow_run_with_one_value_per_step(home)
-    _, state = load_checkpoint(home, run_id)
+    _, state = RunDir(home, run_id).load()
     interrupted = [r for r in state["ledger"]["rounds"] if r["interrupted"]]
     assert [(r["round_idx"], r["n_requests"]) for r in interrupted] == [(1, 2)], interrupted
     assert float(interrupted[0]["total"]) > 0
@@ -180,11 +191,11 @@ def _redis_of(proc: subprocess.Popen) -> psutil.Process | None:
     return None
 
 
-def test_redis_dying_mid_run_ends_in_one_line_and_the_run_resumes(tmp_path):
+def test_redis_dying_mid_run_ends_in_one_line_and_the_run_resumes(tmp_path, prefect_api):
     home, run_id = tmp_path / "home", "redis-died"
-    proc = _nitro(tmp_path, "train", "--run-id", run_id, *_config(home))
+    proc = _nitro(tmp_path, "train", "--run-id", run_id, *_config(home), api=prefect_api)
     try:
-        _wait_for(lambda: (checkpoint_dir(home, run_id) / "round-00000").exists(), proc, "round 0's checkpoint")
+        _wait_for(lambda: (RunDir(home, run_id).checkpoints / "round-00000").exists(), proc, "round 0's checkpoint")
         redis = _redis_of(proc)
         assert redis is not None
         redis.kill()
@@ -197,24 +208,24 @@ def test_redis_dying_mid_run_ends_in_one_line_and_the_run_resumes(tmp_path):
     assert last.startswith("nitro: error: Redis at redis://127.0.0.1:"), last
     assert f"Resume with: nitro resume {run_id} --home {home}" in last and "Traceback" not in err
     assert len(lines) <= 20, err  # no pages of tracebacks: those are in the run's log file
-    assert "Traceback" in (run_dir(home, run_id) / "nitro.log").read_text()
+    assert "Traceback" in (RunDir(home, run_id).log_file).read_text()
 
-    code, out, err = _finish(_nitro(tmp_path, "resume", run_id, "--home", str(home)))
+    code, out, err = _finish(_nitro(tmp_path, "resume", run_id, "--home", str(home), api=prefect_api))
     assert code == 0, err[-3000:]
     assert f"{ROUNDS} rounds" in out
     _one_mlflow_run_with_one_value_per_step(home)
 
 
-def test_two_resumers_started_together_one_runs_the_other_names_the_holder(tmp_path):
+def test_two_resumers_started_together_one_runs_the_other_names_the_holder(tmp_path, prefect_api):
     home, run_id = tmp_path / "home", "two-resumers"
-    proc = _nitro(tmp_path, "train", "--run-id", run_id, *_config(home))
+    proc = _nitro(tmp_path, "train", "--run-id", run_id, *_config(home), api=prefect_api)
     try:
         _wait_for(lambda: _inflight_round(home, run_id) == 1, proc, "round 1's invocations")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         _kill_tree(proc)
-    resumers = [_nitro(tmp_path, "resume", run_id, "--home", str(home)) for _ in range(2)]
+    resumers = [_nitro(tmp_path, "resume", run_id, "--home", str(home), api=prefect_api) for _ in range(2)]
     try:
         finished = [_finish(p) for p in resumers]
     finally:
@@ -225,11 +236,16 @@ def test_two_resumers_started_together_one_runs_the_other_names_the_holder(tmp_p
     (winner,) = [p for p, (code, _, _) in zip(resumers, finished) if code == 0]
     (_, _, err), = [f for f in finished if f[0] != 0]
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"nitro: error: run {run_id} is held by another writer: host ") and f"pid {winner.pid}, since" in last, last
+    assert (
+        last.startswith(f"nitro: error: run {run_id} is held by another writer: host ")
+        and f"pid {winner.pid}, since" in last
+    ), last
     assert f"nitro resume {run_id} --home {home}" in last and "Traceback" not in err
     _one_mlflow_run_with_one_value_per_step(home)
     # the ledger bills each round's two actors once, and the killed round's two once
-    _, state = load_checkpoint(home, run_id)
+    _, state = RunDir(home, run_id).load()
     rounds = state["ledger"]["rounds"]
-    assert sorted((r["round_idx"], r["n_requests"]) for r in rounds) == sorted([(k, 2) for k in range(ROUNDS)] + [(1, 2)])
+    assert sorted((r["round_idx"], r["n_requests"]) for r in rounds) == sorted(
+        [(k, 2) for k in range(ROUNDS)] + [(1, 2)]
+    )
     assert sum(h["actors_launched"] for h in state["history"]) == 2 * ROUNDS

@@ -16,7 +16,7 @@ from prefect.utilities.callables import parameter_schema
 
 from flows.training import config_from_parameters, train
 from nitro.config import NitroConfig
-from nitro.metrics import round_line
+from nitro.tracking.metrics import round_line
 from tasks.artifacts import _encode, artifact_key
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,8 +44,9 @@ def test_the_probe_form_has_a_type_a_default_and_a_description_for_every_field()
     schema = parameter_schema(probe).model_dump_for_openapi()
     props = schema["properties"]
     assert list(props) == ["spec_path", "overrides", "report_dir"] and not schema.get("required")
-    for name, prop in props.items():
-        assert prop.get("description", "").strip() and "type" in prop and "anyOf" not in prop and "default" in prop, prop
+    for prop in props.values():
+        assert prop.get("description", "").strip() and "type" in prop, prop
+        assert "anyOf" not in prop and "default" in prop, prop
     assert (REPO / props["spec_path"]["default"]).is_file()  # the default spec ships with the repository
 
 
@@ -101,8 +102,9 @@ def _nitro(*args: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@pytest.mark.slow
 def test_compare_with_an_unknown_experiment_is_one_line(tracking_uri: str):
-    from nitro.tracking import RunTracker
+    from nitro.tracking.tracker import RunTracker
 
     RunTracker(tracking_uri, "known")
     done = _nitro("compare", "--experiment", "nope", "--tracking-uri", tracking_uri)
@@ -113,6 +115,7 @@ def test_compare_with_an_unknown_experiment_is_one_line(tracking_uri: str):
     assert done.returncode == 2 and done.stderr.strip() == "nitro: error: --tag wants key=value, got 'scaler'"
 
 
+@pytest.mark.slow
 def test_compare_help_describes_every_option():
     done = _nitro("compare", "--help")
     assert done.returncode == 0

@@ -1,4 +1,4 @@
-"""nitro.compare (and the multi-run plots of nitro.plots) against a real MLflow SQLite store.
+"""nitro.tracking.compare (and the multi-run plots of nitro.tracking.plots) against a real MLflow SQLite store.
 
 The migrated store is built once per module and copied per test (see test_tracking.py).
 """
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from nitro.compare import compare_runs, format_table
 from nitro.config import NitroConfig
-from nitro.plots import mean_ci95, plot_group_bars, plot_group_curves, write_run_plots
-from nitro.tracking import RunTracker, TrackingError
+from nitro.tracking.compare import compare_runs, format_table
+from nitro.tracking.plots import mean_ci95, plot_group_bars, plot_group_curves, write_run_plots
+from nitro.tracking.tracker import RunTracker, TrackingError
 
 
 def _train(tracker: RunTracker, name: str, cfg: NitroConfig, rounds: int, finish: bool = True) -> str:
@@ -22,8 +22,15 @@ def _train(tracker: RunTracker, name: str, cfg: NitroConfig, rounds: int, finish
     for k in range(rounds):
         spend += 0.5 + cfg.seed
         tracker.log_round(
-            rid, k, {"eval_return_mean": 10.0 * k + cfg.seed, "train_return_max": 20.0 * k, "spend_round_usd": 0.5 + cfg.seed,
-                     "spend_total_usd": spend, "actors_launched": 8}
+            rid,
+            k,
+            {
+                "eval_return_mean": 10.0 * k + cfg.seed,
+                "train_return_max": 20.0 * k,
+                "spend_round_usd": 0.5 + cfg.seed,
+                "spend_total_usd": spend,
+                "actors_launched": 8,
+            },
         )
     if finish:
         tracker.end_run(rid)
@@ -70,7 +77,7 @@ def test_filters(tracking_uri: str, study):
     assert {r["run_name"] for r in everything} == {
         "hopper-nitro-s0", "hopper-nitro-s1", "hopper-fixed-s0", "hopper-fixed-s1", "walker-run"
     }  # the non-Nitro run is not listed
-    walker = [r for r in everything if r["env"] == "Walker2d-v5"][0]
+    walker = next(r for r in everything if r["env"] == "Walker2d-v5")
     assert walker["status"] == "RUNNING" and walker["rounds_done"] == 2
 
     fixed = compare_runs(tracking_uri, "study", {"scaler": "fixed"})
@@ -86,7 +93,7 @@ def test_filters(tracking_uri: str, study):
 
 
 def test_errors(tracking_uri: str, study, tmp_path: Path):
-    with pytest.raises(TrackingError, match="unknown MLflow experiment 'nope'.*study"):
+    with pytest.raises(TrackingError, match=r"unknown MLflow experiment 'nope'.*study"):
         compare_runs(tracking_uri, "nope", {})
     with pytest.raises(TrackingError, match="no MLflow store"):
         compare_runs(f"sqlite:///{tmp_path / 'missing' / 'm.db'}", None, {})
@@ -106,8 +113,15 @@ def test_group_plots_and_ci(tmp_path: Path):
     assert mean_ci95([5.0])[0] == 5.0
     runs = {
         scaler: [
-            [{"round": k, "eval_return_mean": k * (s + 1.0), "spend_total_usd": 0.3 * (k + 1) * (s + 1), "actors_launched": 8}
-             for k in range(6)]
+            [
+                {
+                    "round": k,
+                    "eval_return_mean": k * (s + 1.0),
+                    "spend_total_usd": 0.3 * (k + 1) * (s + 1),
+                    "actors_launched": 8,
+                }
+                for k in range(6)
+            ]
             for s in range(3)
         ]
         for scaler in ("nitro", "fixed")
@@ -128,14 +142,18 @@ def test_a_minionsrl_row_shows_its_pretraining_beside_its_own_spend(tracking_uri
     t = RunTracker(tracking_uri, "study")
     cfg = NitroConfig.load({"seed": 0, "rounds": 5, "scaler": {"name": "minionsrl", "minionsrl": {"path": "s.st"}}})
     record = {"minionsrl.pretrain_usd": "0.123456", "minionsrl.pretrain_episodes": "100",
-              "minionsrl.pretrain_env_steps": "1638400", "minionsrl.pretrain_on": "nitro.minionsrl.simulator"}
+              "minionsrl.pretrain_env_steps": "1638400", "minionsrl.pretrain_on": "nitro.scaling.minionsrl.simulator"}
     rid = t.start_or_attach("flow-m", "hopper-minionsrl-s0", cfg, record)
     t.log_round(rid, 0, {"eval_return_mean": 5.0, "spend_total_usd": 0.25, "env_steps_total": 2048.0})
     t.end_run(rid)
 
     rows = {r["run_name"]: r for r in compare_runs(tracking_uri, "study")}
     m = rows["hopper-minionsrl-s0"]
-    assert (m["pretrain_episodes"], m["pretrain_env_steps"], m["pretrain_usd"]) == (100, 1638400, pytest.approx(0.123456))
+    assert (m["pretrain_episodes"], m["pretrain_env_steps"], m["pretrain_usd"]) == (
+        100,
+        1638400,
+        pytest.approx(0.123456),
+    )
     assert rows["hopper-fixed-s0"]["pretrain_usd"] is None
 
     lines = format_table(list(rows.values())).splitlines()

@@ -7,7 +7,13 @@ from nitro.config import ConfigError, NitroConfig
 def test_paper_preset_is_the_papers_table_1():
     cfg = NitroConfig(preset="paper")
     assert (cfg.scaler.window, cfg.scaler.decay, cfg.scaler.i_min, cfg.scaler.i_max) == (6, 0.96, 8, 64)
-    assert (cfg.ppo.lr, cfg.ppo.clip, cfg.ppo.kl_coef, cfg.ppo.kl_target, cfg.ppo.vf_coef) == (5e-5, 0.3, 0.2, 0.01, 1.0)
+    assert (cfg.ppo.lr, cfg.ppo.clip, cfg.ppo.kl_coef, cfg.ppo.kl_target, cfg.ppo.vf_coef) == (
+        5e-5,
+        0.3,
+        0.2,
+        0.01,
+        1.0,
+    )
     assert (cfg.impact.lr, cfg.impact.clip, cfg.impact.kl_coef, cfg.impact.entropy_coef) == (5e-4, 0.4, 1.0, 0.01)
     assert cfg.model.hidden == [256, 256] and cfg.model.activation == "tanh"
     assert cfg.prices.lambda_gb_s_x86 == 0.0000166667
@@ -17,7 +23,13 @@ def test_paper_preset_is_the_papers_table_1():
 def test_default_preset_is_tuned_and_yields_to_what_the_user_sets():
     cfg = NitroConfig()
     assert cfg.preset == "nitro"
-    assert (cfg.ppo.lr, cfg.ppo.clip, cfg.ppo.kl_coef, cfg.ppo.vf_coef, cfg.ppo.minibatch_size) == (3e-4, 0.2, 0.0, 0.5, 64)
+    assert (cfg.ppo.lr, cfg.ppo.clip, cfg.ppo.kl_coef, cfg.ppo.vf_coef, cfg.ppo.minibatch_size) == (
+        3e-4,
+        0.2,
+        0.0,
+        0.5,
+        64,
+    )
     assert (cfg.impact.minibatch_size, cfg.impact.entropy_coef, cfg.impact.lr) == (64, 0.0, 5e-4)  # else the paper's
     assert cfg.scaler.i_max == 64  # the scaler's defaults are the paper's in both presets
     atari = NitroConfig(env_id="ALE/Qbert-v5")
@@ -63,7 +75,9 @@ def test_invalid_values_name_the_field_in_one_line(override, field):
 
 
 def test_unknown_env_is_one_line_naming_the_field():
-    with pytest.raises(ConfigError, match=r"^invalid config: env_id: unknown env id 'NoSuchEnv-v0': not registered") as info:
+    with pytest.raises(
+        ConfigError, match=r"^invalid config: env_id: unknown env id 'NoSuchEnv-v0': not registered"
+    ) as info:
         NitroConfig.load({"env_id": "NoSuchEnv-v0"})
     assert "\n" not in str(info.value)
 
@@ -115,7 +129,9 @@ def test_ray_backend_section_and_a_cluster_without_an_external_redis():
 
 
 def test_ray_actors_are_priced_as_lambda():
-    from nitro.cost import ledger_from_config
+    from nitro.pricing.cost import ledger_from_config
 
     tags = ledger_from_config(NitroConfig.load({}, ["backend.kind=ray"])).tags()
-    assert tags["cost.actors_backend"] == "ray" and tags["cost.note"].startswith("ray actors priced as if they were Lambda")
+    assert tags["cost.actors_backend"] == "ray" and tags["cost.note"].startswith(
+        "ray actors priced as if they were Lambda"
+    )

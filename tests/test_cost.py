@@ -8,8 +8,8 @@ from decimal import Decimal
 import pytest
 
 from nitro.config import ClockConfig, NitroConfig, PriceTable
-from nitro.cost import CostLedger, ledger_from_config, to_cents
-from nitro.scalers import cap_by_budget
+from nitro.pricing.cost import CostLedger, ledger_from_config, to_cents
+from nitro.scaling.scalers import cap_by_budget
 
 PRICES = PriceTable()  # the paper's defaults: c5.4xlarge $0.68/h, x86 $0.0000166667/GB-s, ...
 
@@ -175,7 +175,7 @@ def test_max_actor_cost_bounds_provisioned_invocations_too():
     from decimal import Decimal
 
     from nitro.config import PriceTable
-    from nitro.cost import CostLedger
+    from nitro.pricing.cost import CostLedger
 
     prices = PriceTable(lambda_gb_s_x86=0.0, provisioned_duration_gb_s=1e-10, lambda_per_million_requests=0.0)
     ledger = CostLedger(prices, memory_mb=1024, provisioned_concurrency=1, max_billed_ms=1000)
@@ -186,7 +186,7 @@ def test_max_actor_cost_bounds_provisioned_invocations_too():
 
 
 def test_lambda_projected_clock_by_hand():
-    from nitro.clock import RoundClock, lambda_round_s
+    from nitro.pricing.clock import RoundClock, lambda_round_s
 
     # learner-side 12 - 9 = 3 s; 3 requests x 0.01 s on the wire; 0.1 s invoke; slowest actor 4 s; cold start 2 s
     assert lambda_round_s(12.0, 9.0, [1.0, 4.0, 2.0], True, 0.01, 0.1, 2.0) == pytest.approx(9.13)
@@ -216,7 +216,7 @@ def test_hand_worked_invoice_of_a_stellaris_round():
     The same round billed by the measured clock: 10 s of the server = 0.000236111...; compute and
     requests unchanged: total 0.000373711...
     """
-    from nitro.clock import RoundClock
+    from nitro.pricing.clock import RoundClock
 
     for kind, seconds, total in (("lambda", 5.5, "0.0002674613511"), ("measured", 10.0, "0.0003737113511")):
         cfg = NitroConfig.load({"learner": {"mode": "stellaris"}, "clock": {

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -46,9 +45,16 @@ def test_create_then_second_run_is_a_noop(aws):
 
     first = D.deploy(_spec(), poll_s=0.01)
     text = "\n".join(first.changes)
-    for expected in ("created ECR repository", "created role nitro-actor-role", "attached inline policy",
-                     "created log group /aws/lambda/nitro-actor", "created function nitro-actor",
-                     "set reserved concurrency of nitro-actor to 128", "published version 1", "created alias live -> 1"):
+    for expected in (
+        "created ECR repository",
+        "created role nitro-actor-role",
+        "attached inline policy",
+        "created log group /aws/lambda/nitro-actor",
+        "created function nitro-actor",
+        "set reserved concurrency of nitro-actor to 128",
+        "published version 1",
+        "created alias live -> 1",
+    ):
         assert expected in text, (expected, first.changes)
     assert first.image_uri.endswith("/nitro-actor:v1") and first.version == "1"
 
@@ -81,7 +87,9 @@ def test_updates_are_applied_once(aws):
     assert lam.get_function_configuration(FunctionName="nitro-actor")["MemorySize"] == 2048
     assert D.deploy(_spec(memory_mb=2048, timeout_s=120, environment={"NITRO_LOG": "info"}), poll_s=0.01).changes == []
 
-    v2 = dict(memory_mb=2048, timeout_s=120, environment={"NITRO_LOG": "info"}, image_tag="v2", reserved_concurrency=None)
+    v2 = dict(
+        memory_mb=2048, timeout_s=120, environment={"NITRO_LOG": "info"}, image_tag="v2", reserved_concurrency=None
+    )
     code = D.deploy(_spec(**v2), poll_s=0.01)
     text = "\n".join(code.changes)
     assert "updated code of nitro-actor to" in text and ":v2 (x86_64)" in text
@@ -113,10 +121,17 @@ def test_provisioned_concurrency_calls(aws):
     """moto has no provisioned concurrency: check the calls the deployer makes with a Stubber."""
     dep = D.Deployer(_spec(provisioned_concurrency=8), poll_s=0.01)
     with Stubber(dep.lam) as stub:
-        stub.add_client_error("get_provisioned_concurrency_config", "ProvisionedConcurrencyConfigNotFoundException", http_status_code=404,
-                              expected_params={"FunctionName": "nitro-actor", "Qualifier": "live"})
-        stub.add_response("put_provisioned_concurrency_config", {"RequestedProvisionedConcurrentExecutions": 8},
-                          {"FunctionName": "nitro-actor", "Qualifier": "live", "ProvisionedConcurrentExecutions": 8})
+        stub.add_client_error(
+            "get_provisioned_concurrency_config",
+            "ProvisionedConcurrencyConfigNotFoundException",
+            http_status_code=404,
+            expected_params={"FunctionName": "nitro-actor", "Qualifier": "live"},
+        )
+        stub.add_response(
+            "put_provisioned_concurrency_config",
+            {"RequestedProvisionedConcurrentExecutions": 8},
+            {"FunctionName": "nitro-actor", "Qualifier": "live", "ProvisionedConcurrentExecutions": 8},
+        )
         dep.ensure_provisioned_concurrency("live")
         stub.add_response("get_provisioned_concurrency_config", {"RequestedProvisionedConcurrentExecutions": 8},
                           {"FunctionName": "nitro-actor", "Qualifier": "live"})
@@ -125,9 +140,14 @@ def test_provisioned_concurrency_calls(aws):
     assert dep.changes == ["set provisioned concurrency on nitro-actor:live to 8 (was None)"]
     dep.spec.provisioned_concurrency = 0
     with Stubber(dep.lam) as stub:
-        stub.add_response("get_provisioned_concurrency_config", {"RequestedProvisionedConcurrentExecutions": 8},
-                          {"FunctionName": "nitro-actor", "Qualifier": "live"})
-        stub.add_response("delete_provisioned_concurrency_config", {}, {"FunctionName": "nitro-actor", "Qualifier": "live"})
+        stub.add_response(
+            "get_provisioned_concurrency_config",
+            {"RequestedProvisionedConcurrentExecutions": 8},
+            {"FunctionName": "nitro-actor", "Qualifier": "live"},
+        )
+        stub.add_response(
+            "delete_provisioned_concurrency_config", {}, {"FunctionName": "nitro-actor", "Qualifier": "live"}
+        )
         dep.ensure_provisioned_concurrency("live")
         stub.assert_no_pending_responses()
 
@@ -152,7 +172,7 @@ def test_cli_main_twice(aws, capsys, tmp_path):
     assert D.main(argv) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["changes"] == [] and "nothing changed" in captured.err
-    assert D.main(argv + ["--memory-mb", "64"]) == 2
+    assert D.main([*argv, "--memory-mb", "64"]) == 2
 
 
 def test_iam_policies_are_least_privilege():

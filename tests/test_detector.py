@@ -11,15 +11,15 @@ import torch
 from torch import nn
 
 import nitro.models as models
-from nitro.detector import (
+from nitro.actors.rollout import rollout
+from nitro.envs import env_spec
+from nitro.scaling.detector import (
     Detection,
     classify,
     detect_on_batch,
     hessian_extremes,
     pyhessian_extremes,
 )
-from nitro.envs import env_spec
-from nitro.rollout import rollout
 
 CLIP = 0.3
 
@@ -121,7 +121,7 @@ def ppo_learner_after_update(monkeypatch, seed: int = 0, n_steps: int = 400):
 
 
 def test_matches_exact_hessian_on_real_hopper_ppo_batch(monkeypatch):
-    learner, tensors = ppo_learner_after_update(monkeypatch)
+    learner, _tensors = ppo_learner_after_update(monkeypatch)
     params = learner.policy_parameters()
     assert sum(p.numel() for p in params) == 198
     idx = np.arange(0, 400, 2)  # a 200-sample subset
@@ -133,7 +133,7 @@ def test_matches_exact_hessian_on_real_hopper_ppo_batch(monkeypatch):
     det = hessian_extremes(closure, params, steps=40, seed=0, negate=True)
     assert det.status == "ok", det
     assert rel(det.lambda_max, lmax) < 1e-3 and rel(det.lambda_min, lmin) < 1e-3, (det, lmax, lmin)
-    assert det.R == pytest.approx(-lmax / lmin, rel=2e-3)
+    assert det.R == pytest.approx(-lmax / lmin, rel=2e-3)  # noqa: SIM300  .R is the attribute, not a constant
     assert det.n_hvp == 40
     for p, g in zip(params, grads_before):  # .grad untouched (autograd.grad never writes it)
         assert (p.grad is None and g is None) or torch.equal(p.grad, g)
@@ -146,7 +146,7 @@ def test_matches_exact_hessian_on_real_hopper_ppo_batch(monkeypatch):
     # the same through the round-level helper (PPOLearner's closure is a loss: negate by default)
     via = detect_on_batch(learner, subset_size=400, steps=40, seed=0)
     whole = hessian_extremes(learner.objective(np.arange(400)), params, steps=40, seed=0, negate=True)
-    assert via.ok and via.R == pytest.approx(whole.R, rel=1e-9)
+    assert via.ok and via.R == pytest.approx(whole.R, rel=1e-9)  # noqa: SIM300  .R is the attribute, not a constant
 
 
 def test_default_steps_close_on_real_batch(monkeypatch):
@@ -223,7 +223,7 @@ def test_classify_cases():
 def test_degenerate_losses_never_raise(caplog):
     x = torch.randn(5, requires_grad=True)
     y = torch.randn(3, requires_grad=True)
-    caplog.set_level(logging.INFO, logger="nitro.detector")
+    caplog.set_level(logging.INFO, logger="nitro.scaling.detector")
 
     convex = hessian_extremes(lambda: (x**2).sum(), [x])
     assert convex.status == "lambda_min_nonnegative" and convex.R is None
@@ -251,7 +251,7 @@ def test_degenerate_losses_never_raise(caplog):
     saddle = hessian_extremes(lambda: x[0] ** 2 - x[1] ** 2 + 0 * x[2:].sum(), [x, y])
     assert saddle.status in {"lambda_min_zero", "ok"}
     saddle2 = hessian_extremes(lambda: (x[:2] ** 2).sum() - 2 * x[2] ** 2 - (x[3:] ** 2).sum(), [x, y])
-    assert saddle2.ok and saddle2.R == pytest.approx(0.5)
+    assert saddle2.ok and saddle2.R == pytest.approx(0.5)  # noqa: SIM300  .R is the attribute, not a constant
 
     assert any("degenerate" in r.message for r in caplog.records)
     for det in (convex, linear, nan, boom):
@@ -262,7 +262,7 @@ def test_degenerate_losses_never_raise(caplog):
 def test_invariant_subspace_stops_early():
     x = torch.randn(50, requires_grad=True)
     det = hessian_extremes(lambda: (x[:10] ** 2).sum() - 3 * (x[10:] ** 2).sum(), [x], steps=20)
-    assert det.ok and det.R == pytest.approx(2 / 6)
+    assert det.ok and det.R == pytest.approx(2 / 6)  # noqa: SIM300  .R is the attribute, not a constant
     assert det.n_hvp <= 3  # two distinct eigenvalues: the Krylov space has dimension 2
 
 

@@ -1,4 +1,4 @@
-"""The round steps of nitro.engine.TrainingRun, driven by a plain loop (no Prefect) over real parts:
+"""The round steps of nitro.run.engine.TrainingRun, driven by a plain loop (no Prefect) over real parts:
 a real Redis, warm local actor processes, Hopper-v5."""
 
 from __future__ import annotations
@@ -8,21 +8,23 @@ import time
 
 import pytest
 
+from nitro.actors.events import ActorSummary
 from nitro.actors.local import LocalActorPool
 from nitro.cache import TrajectoryCache, connect_redis
-from nitro.checkpoint import load_checkpoint, save_checkpoint
 from nitro.config import NitroConfig
-from nitro.actors.events import ActorSummary
-from nitro.engine import Decision, TrainingRun, UpdateReport
-from nitro.stopping import STOP_BUDGET
 from nitro.learners import UpdateResult
+from nitro.run.engine import Decision, TrainingRun
+from nitro.run.interrupted import bill_interrupted_round
+from nitro.run.rundir import RunDir
+from nitro.run.stopping import STOP_BUDGET
+from nitro.run.updates import UpdateReport
 
 
 def drive(training: TrainingRun, pool: LocalActorPool, rounds: int) -> list[dict]:
     reports = []
     for k in range(training.next_round, rounds):
         started = time.perf_counter()
-        update = training.update_policy(k)
+        update = training.mode.update(k)
         detection = training.detect_boosting(k, update)
         decision = training.decide_actors(k, detection, update, started)
         events = training.plan_invocations(k, decision, training.publish_weights(k))
@@ -64,7 +66,7 @@ def test_nitro_scaler_rounds_vary_within_bounds(redis_url, pool):
 
 @pytest.mark.parametrize("clock", ["measured", "lambda"])
 def test_budget_is_never_exceeded_and_the_run_stops_cleanly(redis_url, pool, clock):
-    # Worst-case pricing: each actor may bill its 5 s timeout, the learner its bound (nitro/budget.py).
+    # Worst-case pricing: each actor may bill its 5 s timeout, the learner its bound (nitro/scaling/budget.py).
     # On the Lambda clock the round is billed as if its actors ran at once, cold starts included.
     budget = 0.008
     training = _training(redis_url, f"eng-budget-{clock}", rounds=200, budget_usd=budget, backend={"timeout_s": 5},
@@ -90,13 +92,13 @@ def test_checkpoint_resume_reproduces_the_next_round(redis_url, pool, tmp_path):
     kw = dict(rounds=3, round_deadline_s=30.0, scaler={"name": "fixed", "fixed_actors": 2})
     a = _training(redis_url, "eng-ckpt", **kw)
     drive(a, pool, 2)
-    save_checkpoint(tmp_path, "eng-ckpt", 1, a.state_dict())
+    RunDir(tmp_path, "eng-ckpt").save(1, a.state_dict())
     b = _training(redis_url, "eng-ckpt", **kw)
-    _, state = load_checkpoint(tmp_path, "eng-ckpt")
+    _, state = RunDir(tmp_path, "eng-ckpt").load()
     b.load_state_dict(state)
-    assert b.next_round == 2 and b.pending == a.pending
+    assert b.next_round == 2 and b.mode.pending == a.mode.pending
     # Round 2's update on the same batches from the restored state is the same update.
-    ua, ub = a.update_policy(2), b.update_policy(2)
+    ua, ub = a.mode.update(2), b.mode.update(2)
     assert ua.samples == ub.samples == 256
     assert ua.diagnostics["policy_loss"] == pytest.approx(ub.diagnostics["policy_loss"], rel=1e-6)
     assert ua.diagnostics["kl"] == pytest.approx(ub.diagnostics["kl"], rel=1e-6)
@@ -106,10 +108,12 @@ def test_checkpoint_resume_reproduces_the_next_round(redis_url, pool, tmp_path):
 
 
 def test_missing_actor_batches_are_recorded_not_waited_for_forever(redis_url, pool):
-    training = _training(redis_url, "eng-missing", rounds=2, round_deadline_s=1.0, scaler={"name": "fixed", "fixed_actors": 2})
+    training = _training(
+        redis_url, "eng-missing", rounds=2, round_deadline_s=1.0, scaler={"name": "fixed", "fixed_actors": 2}
+    )
     drive(training, pool, 1)
-    training.pending.append("eng-missing-r00000-0099")  # an actor whose batch never comes
-    report = training.update_policy(1)
+    training.mode.pending.append("eng-missing-r00000-0099")  # an actor whose batch never comes
+    report = training.mode.update(1)
     assert report.missing == ["eng-missing-r00000-0099"]
     assert report.batches == 2 and report.samples == 256
 
@@ -163,22 +167,24 @@ def test_an_update_stops_at_its_deadline(redis_url, pool):
     training = _training(redis_url, "eng-deadline", rounds=2, scaler={"name": "fixed", "fixed_actors": 2},
                        detector={"subset_size": 128, "enabled": True})
     drive(training, pool, 1)
-    training.update_deadline = time.perf_counter() - 1.0  # what a budget decision sets; already passed
-    report = training.update_policy(1)
-    assert report.samples == 256 and report.diagnostics["update_cut_short"] == 1.0 and report.diagnostics["sgd_steps"] == 0
+    training.deadline.at = time.perf_counter() - 1.0  # what a budget decision sets; already passed
+    report = training.mode.update(1)
+    assert (
+        report.samples == 256 and report.diagnostics["update_cut_short"] == 1.0 and report.diagnostics["sgd_steps"] == 0
+    )
     assert training.detect_boosting(1, report) is None  # detection is skipped past the deadline too
 
 
 def test_updates_that_keep_failing_stop_the_run(redis_url, pool):
-    from nitro.engine import MAX_FAILED_UPDATES, TrainingError
+    from nitro.run.updates import MAX_FAILED_UPDATES, TrainingError
 
     training = _training(redis_url, "eng-failing", rounds=2, scaler={"name": "fixed", "fixed_actors": 2})
     drive(training, pool, 1)
     training.learner.update = lambda batches, **kwargs: UpdateResult(sgd_steps=0, skipped_minibatches=4)
     for _ in range(MAX_FAILED_UPDATES - 1):
-        training.update_policy(1)
+        training.mode.update(1)
     with pytest.raises(TrainingError, match=f"{MAX_FAILED_UPDATES} policy updates in a row had only non-finite"):
-        training.update_policy(1)
+        training.mode.update(1)
 
 
 def test_a_round_killed_in_flight_is_billed_on_resume(redis_url, pool, tmp_path):
@@ -188,28 +194,31 @@ def test_a_round_killed_in_flight_is_billed_on_resume(redis_url, pool, tmp_path)
     kw = dict(rounds=3, home=str(tmp_path), backend={"timeout_s": 7}, scaler={"name": "fixed", "fixed_actors": 3})
     a = _training(redis_url, "eng-inflight", **kw)
     drive(a, pool, 1)
-    save_checkpoint(tmp_path, "eng-inflight", 0, a.state_dict())
-    a.update_policy(1)
+    RunDir(tmp_path, "eng-inflight").save(0, a.state_dict())
+    a.mode.update(1)
     events = a.plan_invocations(1, Decision(3, 3, "fixed"), a.publish_weights(1))
     ran = pool.invoke_many(events[:2])  # the third was never answered: the learner died first
     assert all(s.ok for s in ran)
 
+    def bill(t: TrainingRun) -> int:
+        return bill_interrupted_round(t.run_dir, t.next_round, t.cache, t.ledger)
+
     def resume() -> TrainingRun:
         b = _training(redis_url, "eng-inflight", **kw)
-        _, state = load_checkpoint(tmp_path, "eng-inflight")
+        _, state = RunDir(tmp_path, "eng-inflight").load()
         b.load_state_dict(state)
         return b
 
     b = resume()
     spent_before = b.ledger.spent
-    assert b.bill_interrupted_round() == 3
+    assert bill(b) == 3
     (entry,) = [r for r in b.ledger.rounds if r.interrupted]
     assert entry.round_idx == 1 and entry.n_requests == 3 and entry.learner == 0
     assert entry.billed_ms == sum(s.billed_ms for s in ran) + 7000
     assert b.ledger.spent == spent_before + entry.total
-    assert b.bill_interrupted_round() == 0  # the same dead attempt is billed once
-    save_checkpoint(tmp_path, "eng-inflight", 0, b.state_dict())
-    assert resume().bill_interrupted_round() == 0
+    assert bill(b) == 0  # the same dead attempt is billed once
+    RunDir(tmp_path, "eng-inflight").save(0, b.state_dict())
+    assert bill(resume()) == 0
     # the re-run of round 1 reports the interrupted spend in its round's metrics
     c = resume()
     report = drive(c, pool, 2)[-1]
@@ -218,7 +227,7 @@ def test_a_round_killed_in_flight_is_billed_on_resume(redis_url, pool, tmp_path)
 
 
 def test_the_lambda_clock_bills_a_hand_worked_round(redis_url):
-    """Two rounds of three actors, billed as if they had run at once on Lambda (nitro.clock):
+    """Two rounds of three actors, billed as if they had run at once on Lambda (nitro.pricing.clock):
     learner-side 10 - 8 = 2 s, 3 x 0.01 s to dispatch, 0.05 s invoke, the slowest actor 2.5 s, and
     a 3 s cold start in the first round only (the second finds the three instances warm)."""
     training = _training(redis_url, "eng-clock", clock={"kind": "lambda", "dispatch_s_per_invocation": 0.01,
@@ -227,9 +236,13 @@ def test_the_lambda_clock_bills_a_hand_worked_round(redis_url):
     expected = []
     for k, projected in enumerate((2.0 + 0.03 + 0.05 + 2.5 + 3.0, 2.0 + 0.03 + 0.05 + 2.5)):
         events = training.plan_invocations(k, Decision(3, 3, "fixed"), training.publish_weights(k))
-        summaries = [ActorSummary(invocation_id=e.invocation_id, ok=True, duration_s=d, billed_ms=int(d * 1000))
-                     for e, d in zip(events, (1.5, 2.5, 2.0))]
-        report = training.end_round(k, UpdateReport(), None, Decision(3, 3, "fixed"), summaries, actor_s=8.0, elapsed_s=10.0)
+        summaries = [
+            ActorSummary(invocation_id=e.invocation_id, ok=True, duration_s=d, billed_ms=int(d * 1000))
+            for e, d in zip(events, (1.5, 2.5, 2.0))
+        ]
+        report = training.end_round(
+            k, UpdateReport(), None, Decision(3, 3, "fixed"), summaries, actor_s=8.0, elapsed_s=10.0
+        )
         m = training.record_round(report, 10.0).metrics
         assert m["round_s"] == 10.0 and m["orchestration_s"] == 2.0  # 10 s less the 8 s of acting
         assert m["round_lambda_s"] == pytest.approx(projected) and m["round_billed_s"] == pytest.approx(projected)
@@ -242,9 +255,12 @@ def test_the_lambda_clock_bills_a_hand_worked_round(redis_url):
 
     measured = _training(redis_url, "eng-clock-measured")
     events = measured.plan_invocations(0, Decision(3, 3, "fixed"), measured.publish_weights(0))
-    summaries = [ActorSummary(invocation_id=e.invocation_id, ok=True, duration_s=2.5, billed_ms=2500)
-                 for e in events[:3]]  # the three training actors (round 0 also plans evaluation episodes)
-    m = measured.end_round(0, UpdateReport(), None, Decision(3, 3, "fixed"), summaries, actor_s=8.0, elapsed_s=10.0).metrics
+    summaries = [
+        ActorSummary(invocation_id=e.invocation_id, ok=True, duration_s=2.5, billed_ms=2500) for e in events[:3]
+    ]  # the three training actors (round 0 also plans evaluation episodes)
+    m = measured.end_round(
+        0, UpdateReport(), None, Decision(3, 3, "fixed"), summaries, actor_s=8.0, elapsed_s=10.0
+    ).metrics
     # the defaults: 0.3 ms per request, 0.05 s invoke, 3 s cold start
     assert m["round_billed_s"] == 10.0 and m["round_lambda_s"] == pytest.approx(2.0 + 3 * 0.0003 + 0.05 + 2.5 + 3.0)
     assert m["spend_learner_usd"] == pytest.approx(0.68 * 10.0 / 3600, rel=1e-12)

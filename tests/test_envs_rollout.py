@@ -1,10 +1,11 @@
 import numpy as np
 import pytest
 
-from nitro.envs import ATARI_ENVS, MUJOCO_ENVS, PAPER_ENVS, UnknownEnvError, env_spec, make_env
-from nitro.models import build_critic, build_policy
-from nitro.rollout import rollout
+from nitro.actors.rollout import rollout, rollout_env, rollout_games
+from nitro.envs import ATARI_ENVS, MUJOCO_ENVS, PAPER_ENVS, AtariGames, UnknownEnvError, env_spec, make_env
+from nitro.models import acting_policy, build_critic, build_policy
 from nitro.serialization import dumps_tensors
+from nitro.validation import check_batch
 
 
 def _weights(env_id, seed=0):
@@ -19,7 +20,7 @@ def test_every_env_builds_and_steps(env_id):
     spec = env_spec(env_id)
     assert obs.shape == spec.obs_shape
     for _ in range(5):
-        obs, reward, term, trunc, _ = env.step(env.action_space.sample())
+        obs, _reward, _term, _trunc, _ = env.step(env.action_space.sample())
     if env_id in ATARI_ENVS:
         assert obs.dtype == np.uint8 and obs.shape == (4, 84, 84)
     env.close()
@@ -113,3 +114,94 @@ def test_rollout_ending_on_a_termination_has_an_empty_bootstrap():
     assert r.batch["terminated"][-1]
     assert r.batch["bootstrap_idx"].shape == (0,)
     assert r.batch["bootstrap_obs"].shape == (0, 11)
+
+
+# -- Atari: games stepped side by side (nitro.envs.AtariGames, rollout.rollout_games) ------------
+
+QBERT = "ALE/Qbert-v5"
+
+
+def test_atari_games_preprocess_as_make_env_does_bit_for_bit():
+    """Two games of AtariGames and two make_env envs from the same seeds: the same stacked
+    84x84 uint8 observations, rewards and episode ends, through game overs and new games."""
+    games, envs = AtariGames(QBERT, 2), [make_env(QBERT), make_env(QBERT)]
+    for i, env in enumerate(envs):
+        games.reset(i, seed=40 + i)
+        obs, _ = env.reset(seed=40 + i)
+        assert np.array_equal(games.obs[i], obs)
+    assert games.obs.shape == (2, 4, 84, 84) and games.obs.dtype == np.uint8
+    rng, game_overs, lives_lost = np.random.default_rng(0), 0, 0
+    for _ in range(700):
+        actions = rng.integers(0, len(games.action_set), size=2)
+        rewards, terminated, truncated, life_lost = games.step(actions)
+        lives_lost += int(life_lost.sum())
+        for i, env in enumerate(envs):
+            obs, reward, term, trunc, _ = env.step(int(actions[i]))
+            assert np.array_equal(games.obs[i], obs)
+            assert (rewards[i], terminated[i], truncated[i]) == (reward, term, trunc)
+            if term or trunc:
+                game_overs += 1
+                games.reset(i)
+                assert np.array_equal(games.obs[i], env.reset()[0])
+    assert game_overs >= 2 and lives_lost > game_overs  # a random Q*bert loses its lives within a few hundred steps
+
+
+def test_one_game_plays_what_the_per_env_actor_plays():
+    """rollout_games over one game and rollout_env over make_env's env, from the same seed and
+    actor: the same observations, actions, log-probabilities and rewards. The games mark each
+    lost life terminated too (the per-env actor only the game over)."""
+    spec = env_spec(QBERT)
+    actor = acting_policy(build_policy(spec, seed=2))
+    games = rollout_games(actor, AtariGames(QBERT, 1), seed=8, n_steps=500)
+    single = rollout_env(actor, spec, make_env(QBERT), seed=8, n_steps=500)
+    for key in ("obs", "actions", "logp", "rewards"):
+        assert np.array_equal(games.batch[key], single.batch[key]), key
+    assert (games.batch["terminated"] >= single.batch["terminated"]).all()
+    assert games.batch["terminated"].sum() > single.batch["terminated"].sum()
+    assert games.summary.episode_returns == single.summary.episode_returns
+    assert games.summary.episode_lengths == single.summary.episode_lengths
+
+
+def test_games_fill_the_batch_in_segments_that_the_door_accepts():
+    """102 steps over 4 games: segments of 26, 26, 25, 25 steps back to back, each ending in a
+    bootstrap or a termination, uint8 throughout; game 0's segment is what one game plays from
+    the same seed, and the batch passes the learner's door."""
+    w = _weights(QBERT)
+    r = rollout(w, QBERT, seed=5, n_steps=102, n_envs=4)
+    batch, spec = r.batch, env_spec(QBERT)
+    assert batch["obs"].shape == (102, *spec.obs_shape) and batch["obs"].dtype == np.uint8
+    assert batch["bootstrap_obs"].dtype == np.uint8 and batch["actions"].dtype == np.int64
+    boot = batch["bootstrap_idx"]
+    assert list(boot) == sorted(set(boot.tolist()))
+    for last in (25, 51, 76, 101):  # each segment's last step has a successor the learner can value
+        assert batch["terminated"][last] or last in boot
+    check_batch(batch, spec, max_steps=102)
+    alone = rollout(w, QBERT, seed=5, n_steps=26)
+    assert np.array_equal(batch["obs"][:26], alone.batch["obs"])
+    assert np.array_equal(batch["actions"][:26], alone.batch["actions"])
+    np.testing.assert_allclose(batch["logp"][:26], alone.batch["logp"], rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(batch["obs"][26:52], batch["obs"][:26])  # game 1 is another game
+    assert len(r.carry) == 4 and all(c.kind == "atari" for c in r.carry)
+
+
+def test_games_rollout_is_deterministic_from_its_seed():
+    w = _weights(QBERT)
+    a = rollout(w, QBERT, seed=3, n_steps=96, n_envs=8)
+    b = rollout(w, QBERT, seed=3, n_steps=96, n_envs=8, env=AtariGames(QBERT, 8),
+                policy=build_policy(env_spec(QBERT), seed=9))  # reused games and a policy of other weights
+    c = rollout(w, QBERT, seed=4, n_steps=96, n_envs=8)
+    for key in a.batch:
+        assert np.array_equal(a.batch[key], b.batch[key]), key
+    assert not np.array_equal(a.batch["obs"], c.batch["obs"])
+    assert [s.sim_state.tobytes() for s in a.carry] == [s.sim_state.tobytes() for s in b.carry]
+
+
+def test_a_lost_life_ends_a_training_episode_and_the_game_goes_on():
+    """One game long enough to play a whole random Q*bert game: the game's return is the sum of
+    its rewards, and it lost lives before it ended, each a terminated step."""
+    r = rollout(_weights(QBERT), QBERT, seed=0, n_steps=900)
+    length = r.summary.episode_lengths[0]
+    assert r.summary.episode_returns[0] == pytest.approx(float(r.batch["rewards"][:length].sum()))
+    assert r.batch["terminated"][length - 1]
+    assert r.batch["terminated"][: length - 1].sum() >= 2  # lives lost while the game went on
+    assert not set(np.flatnonzero(r.batch["terminated"])) & set(r.batch["bootstrap_idx"].tolist())

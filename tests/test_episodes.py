@@ -1,4 +1,4 @@
-"""Episodes that outlive an invocation (nitro/episodes.py) and evaluation episodes (rollout.evaluate),
+"""Episodes that outlive an invocation (nitro/actors/episodes.py) and evaluation episodes (rollout.evaluate),
 with real environments and, through the actor, a real Redis."""
 
 from __future__ import annotations
@@ -6,16 +6,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from nitro.actors.episodes import (
+    EpisodeSnapshot,
+    episodes_from_bytes,
+    episodes_to_bytes,
+    restore_game_snapshot,
+    restore_snapshot,
+)
 from nitro.actors.events import ActorEvent
+from nitro.actors.rollout import evaluate, games_for, rollout
 from nitro.actors.worker import ActorState, run_actor
 from nitro.cache import TrajectoryCache, connect_redis
-from nitro.engine import Decision, TrainingRun
-from nitro.invocations import is_eval_round
 from nitro.config import NitroConfig
-from nitro.envs import env_spec
-from nitro.episodes import EpisodeSnapshot
+from nitro.envs import AtariGames, env_spec, make_env
 from nitro.models import Architecture, build_policy
-from nitro.rollout import evaluate, rollout
+from nitro.run.engine import Decision, TrainingRun
+from nitro.run.invocations import is_eval_round
 from nitro.serialization import SerializationError, dumps_tensors
 
 KEYS = ("obs", "actions", "logp", "rewards", "terminated")
@@ -25,21 +31,32 @@ def _weights(env_id: str, arch: Architecture = Architecture()) -> dict[str, np.n
     return {k: v.numpy() for k, v in build_policy(env_spec(env_id), seed=3, arch=arch).state_dict().items()}
 
 
-@pytest.mark.parametrize(("env_id", "n"), [("Hopper-v5", 700), ("ALE/Qbert-v5", 150)])
-def test_continued_episode_is_the_uninterrupted_run(env_id, n):
-    """Three invocations of n steps, each continuing the last one's snapshot (through its bytes),
-    give the batches and episode returns of one invocation of 3n steps with the same seed."""
+def _segments(batch: dict[str, np.ndarray], key: str, n_envs: int) -> list[np.ndarray]:
+    """A batch's rows of ``key``, one array per env (equal segments, back to back)."""
+    return np.split(batch[key], n_envs)
+
+
+@pytest.mark.parametrize(("env_id", "n", "n_envs"), [("Hopper-v5", 700, 1), ("ALE/Qbert-v5", 150, 1),
+                                                     ("ALE/Qbert-v5", 240, 4)])
+def test_continued_episode_is_the_uninterrupted_run(env_id, n, n_envs):
+    """Three invocations of n steps, each continuing the last one's snapshots (through their
+    bytes), give the batches and episode returns of one invocation of 3n steps with the same
+    seed, env by env (an Atari actor's batch holds one segment per game)."""
     w = _weights(env_id)
-    whole = rollout(w, env_id, 11, 3 * n)
-    parts = [rollout(w, env_id, 11, n)]
-    for part in (1, 2):  # the seed is ignored when resuming: the snapshot's RNG states go on
-        resume = EpisodeSnapshot.from_bytes(parts[-1].carry.to_bytes())
-        parts.append(rollout(w, env_id, 1000 + part, n, resume=resume))
+    whole = rollout(w, env_id, 11, 3 * n, n_envs=n_envs)
+    parts = [rollout(w, env_id, 11, n, n_envs=n_envs)]
+    for part in (1, 2):  # the seed is ignored when resuming: the snapshots' RNG states go on
+        resume = episodes_from_bytes(episodes_to_bytes(parts[-1].carry))
+        assert len(resume) == n_envs
+        parts.append(rollout(w, env_id, 1000 + part, n, n_envs=n_envs, resume=resume))
     for key in KEYS:
-        assert np.array_equal(np.concatenate([p.batch[key] for p in parts]), whole.batch[key]), key
-    assert sum((p.summary.episode_returns for p in parts), []) == whole.summary.episode_returns
+        for env, whole_rows in enumerate(_segments(whole.batch, key, n_envs)):
+            rows = np.concatenate([_segments(p.batch, key, n_envs)[env] for p in parts])
+            assert np.array_equal(rows, whole_rows), (key, env)
+    returns = [r for p in parts for r in p.summary.episode_returns]
+    assert sorted(returns) == sorted(whole.summary.episode_returns)
     if env_id == "Hopper-v5":  # a random Hopper falls often: episodes end in every part, and span parts
-        assert all(p.summary.episode_returns for p in parts)
+        assert returns == whole.summary.episode_returns and all(p.summary.episode_returns for p in parts)
 
 
 def test_an_episode_longer_than_an_invocation_is_scored_whole():
@@ -50,18 +67,41 @@ def test_an_episode_longer_than_an_invocation_is_scored_whole():
     first = rollout(w, "Hopper-v5", 5, 200)
     second = rollout(w, "Hopper-v5", 0, 200, resume=first.carry)
     spanning = second.summary.episode_lengths[0]
-    assert first.carry.episode_length > 0 and spanning > first.carry.episode_length  # it began in `first`
+    assert first.carry[0].episode_length > 0 and spanning > first.carry[0].episode_length  # it began in `first`
     assert second.summary.episode_returns[0] == whole.summary.episode_returns[len(first.summary.episode_returns)]
 
 
 def test_snapshot_bytes_are_data_only_and_checked():
-    snap = rollout(_weights("Hopper-v5"), "Hopper-v5", 1, 50).carry
-    payload = snap.to_bytes()
+    snaps = rollout(_weights("Hopper-v5"), "Hopper-v5", 1, 50).carry
+    payload = episodes_to_bytes(snaps)
     assert b"pickle" not in payload and payload[8:9] == b"{"  # a safetensors header, JSON
     with pytest.raises(SerializationError):
-        EpisodeSnapshot.from_bytes(payload[:40])
-    with pytest.raises(SerializationError, match="nitro.episode/1"):
-        EpisodeSnapshot.from_bytes(dumps_tensors({"x": np.zeros(2)}, {"format": "nitro.batch/1"}))
+        episodes_from_bytes(payload[:40])
+    with pytest.raises(SerializationError, match=r"nitro\.episodes/1"):
+        episodes_from_bytes(dumps_tensors({"x": np.zeros(2)}, {"format": "nitro.batch/1"}))
+    with pytest.raises(SerializationError, match="incomplete"):
+        episodes_from_bytes(dumps_tensors({"0.obs": np.zeros(2)}, {"format": "nitro.episodes/1", "env_id": "Hopper-v5",
+                                                                    "kind": "mujoco", "episodes": "[{}]"}))
+    # one episode in the single-episode format (what an actor wrote before games ran side by side)
+    single = episodes_from_bytes(snaps[0].to_bytes())
+    assert len(single) == 1 and np.array_equal(single[0].sim_state, snaps[0].sim_state)
+    with pytest.raises(SerializationError):
+        EpisodeSnapshot.from_bytes(snaps[0].to_bytes()[:40])
+
+
+def test_an_atari_snapshot_moves_between_a_game_and_make_envs_env():
+    """An ALE snapshot is the same data whoever took it: a game of AtariGames and make_env's env
+    restored from it play on identically."""
+    env_id = "ALE/SpaceInvaders-v5"
+    snap = rollout(_weights(env_id), env_id, 2, 40, n_envs=2).carry[1]
+    games, env = AtariGames(env_id, 1), make_env(env_id)
+    restore_game_snapshot(games, 0, snap)
+    obs, _ = restore_snapshot(env, snap)
+    assert np.array_equal(games.obs[0], obs)
+    for action in [1, 2, 3, 0] * 10:
+        reward, term, trunc, _ = games.step(np.array([action]))
+        obs, r, t, tr, _ = env.step(action)
+        assert np.array_equal(games.obs[0], obs) and (reward[0], term[0], trunc[0]) == (r, t, tr)
 
 
 def test_evaluation_plays_whole_episodes_only():
@@ -111,9 +151,13 @@ def test_the_actor_continues_an_episode_through_the_cache(redis_url, redis_clien
 
 def test_evaluation_invocations_write_no_trajectories(redis_url, redis_client):
     cache = TrajectoryCache(connect_redis(redis_url), "ep", ttl_s=600)
-    key = cache.publish_weights(3, dumps_tensors(_weights("Hopper-v5"), {"format": "nitro.policy/1", "env_id": "Hopper-v5"}))
-    s = run_actor(_event(redis_url, key, "ep-r00003-evd-0000", round=3, mode="eval_deterministic", n_steps=5000,
-                         n_episodes=2), ActorState())
+    key = cache.publish_weights(
+        3, dumps_tensors(_weights("Hopper-v5"), {"format": "nitro.policy/1", "env_id": "Hopper-v5"})
+    )
+    s = run_actor(
+        _event(redis_url, key, "ep-r00003-evd-0000", round=3, mode="eval_deterministic", n_steps=5000, n_episodes=2),
+        ActorState(),
+    )
     assert s.ok and len(s.episode_returns) == 2 and s.batch_key is None and s.episode_key is None
     # only its billing summary is kept: no batch, no episode snapshot for a learner to train on
     written = {k.split(b":")[3] for k in redis_client.scan_iter("nitro:ep:r00003:*")}
@@ -122,7 +166,9 @@ def test_evaluation_invocations_write_no_trajectories(redis_url, redis_client):
 
 def test_a_run_plans_continuations_and_evaluations(redis_url):
     cfg = NitroConfig.load({"rounds": 25, "eval": {"every_rounds": 10, "episodes": 3}, "steps_per_actor": 64})
-    training = TrainingRun(cfg, "plan", TrajectoryCache(connect_redis(redis_url), "plan", ttl_s=600), actor_cache_url=redis_url)
+    training = TrainingRun(
+        cfg, "plan", TrajectoryCache(connect_redis(redis_url), "plan", ttl_s=600), actor_cache_url=redis_url
+    )
     assert [k for k in range(25) if is_eval_round(cfg, k)] == [0, 10, 20, 24]
     training.open_episodes = ["e0", "e1"]
     four, none = Decision(4, 4, "fixed"), Decision(0, 4, "budget")
@@ -138,3 +184,21 @@ def test_a_run_plans_continuations_and_evaluations(redis_url):
     assert training.plan_invocations(24, none, "w") == []  # no actors (budget): no evaluation either
     final = Decision(0, 4, "budget spent: a final evaluation", final_evaluation=True)
     assert [e.mode for e in training.plan_invocations(13, final, "w")] == modes  # a budget run's last round
+
+
+@pytest.mark.parametrize("env_id", ["ALE/SpaceInvaders-v5", "ALE/Gravitar-v5"])
+def test_a_warm_actors_games_continue_snapshots_as_fresh_games_do(env_id):
+    """A warm worker's games have played other episodes, and ALE keeps state outside a saved state
+    that the next frame reads; restored there, each snapshot still plays on as in fresh games, bit
+    for bit (these two games showed the difference when the history was not reset)."""
+    w = _weights(env_id)
+    snapshots = rollout(w, env_id, 7, 96, n_envs=6).carry
+    warm = games_for(env_id, 6, 96)
+    rollout(w, env_id, 8, 96, n_envs=6, env=warm)  # other games, played in these emulators
+    for part in range(3):
+        fresh = rollout(w, env_id, 0, 96, n_envs=6, resume=snapshots)
+        again = rollout(w, env_id, 0, 96, n_envs=6, resume=snapshots, env=warm)
+        for key in (*KEYS, "bootstrap_idx", "bootstrap_obs"):
+            assert np.array_equal(again.batch[key], fresh.batch[key]), (part, key)
+        assert again.summary.episode_returns == fresh.summary.episode_returns
+        snapshots = fresh.carry

@@ -27,6 +27,7 @@ from nitro.experiments import (
     load_spec,
     sensitivity_cells,
 )
+from nitro.experiments.rounds import read_rounds, write_rounds
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -129,6 +130,44 @@ def test_cell_configs_do_not_leak_into_each_other():
     assert json.dumps(spec.base, sort_keys=True) == before
 
 
+SHUFFLED = {"shuffled": {"scaler": "replay", "replays": "goodput", "description": "goodput's counts, shuffled"}}
+
+
+def test_a_replay_cell_runs_after_the_cell_it_replays_and_takes_its_counts():
+    from nitro.experiments import CarriedRun, replay_counts, replay_partner
+    from nitro.experiments.carry import training_config
+
+    spec = load_spec(_spec(matrix={"env": ["Hopper-v5"], "scaler": ["shuffled", "fixed", "goodput"], "seed": [0]},
+                           baselines=SHUFFLED))
+    cells = expand_cells(spec)
+    assert [c.scaler for c in cells] == ["fixed", "goodput", "shuffled"]  # the replay after what it replays
+    assert replay_partner(spec, cells[2]) == cells[1] and replay_partner(spec, cells[1]) is None
+    cfg = cell_config(spec, cells[2], replay_actors=[8, 16, 16])
+    assert (cfg.scaler.name, cfg.scaler.replay_actors) == ("replay", [8, 16, 16])
+    assert cell_config(spec, cells[1], replay_actors=[8]).scaler.replay_actors == []  # only a replay cell takes them
+    # what a cell reads from its partner is not part of the config a carried cell is matched on
+    assert training_config(cfg.model_dump(mode="json")) == training_config(
+        cell_config(spec, cells[2]).model_dump(mode="json"))
+    # the counts come from the partner once it has finished: here from the report (carried)
+    history = [{"round": 1, "actors_launched": 16.0}, {"round": 0, "actors_launched": 8.0},
+               {"round": 2, "actors_launched": 0.0}]  # a budget run's last round launches none
+    counts, note = replay_counts(spec, cells[2], {cells[1].key: CarriedRun(row={}, history=history)})
+    assert counts == [8, 16] and "replays the 2 actor counts of Hopper-v5/ppo/goodput/seed=0" in note
+    missing, why = replay_counts(spec, cells[2], {})
+    assert missing is None and "has not finished" in why and "--only scaler=goodput" in why
+
+
+@pytest.mark.parametrize(("baselines", "needle"), [
+    ({"shuffled": {"scaler": "replay"}}, "replays"),
+    ({"shuffled": {"scaler": "replay", "replays": "nitro"}}, "must be a matrix entry"),
+    ({"shuffled": {"scaler": "fixed", "replays": "goodput"}}, "go together"),
+])
+def test_a_replay_baseline_names_a_matrix_entry(baselines, needle):
+    with pytest.raises(ExperimentError, match=needle):
+        load_spec(_spec(matrix={"env": ["Hopper-v5"], "scaler": ["shuffled", "goodput"], "seed": [0]},
+                        baselines=baselines))
+
+
 def test_sensitivity_expansion_reuses_base_value_cells():
     spec = load_spec(_spec(base={"env_id": "Hopper-v5", "scaler": {"window": 6}},
                            sensitivity={"seeds": [0], "sweep": {"scaler.decay": [0.9, 0.96],
@@ -151,8 +190,14 @@ def test_only_selects_cells_and_names_a_bad_field_or_value():
     from cli.experiment import parse_only
     from nitro.experiments import ExperimentError, expand_cells, load_spec, select_cells
 
-    spec = load_spec({"name": "s", "matrix": {"env": ["Hopper-v5", "Walker2d-v5"], "scaler": ["nitro", "fixed", "random"],
-                                              "seed": [0, 1]}, "compare": "rounds", "rounds": 2})
+    spec = load_spec(
+        {
+            "name": "s",
+            "matrix": {"env": ["Hopper-v5", "Walker2d-v5"], "scaler": ["nitro", "fixed", "random"], "seed": [0, 1]},
+            "compare": "rounds",
+            "rounds": 2,
+        }
+    )
     cells = expand_cells(spec)
     picked = select_cells(cells, parse_only(["env=Walker2d-v5", "scaler=nitro,random", "seed=1"]))
     assert [c.key for c in picked] == ["Walker2d-v5/ppo/nitro/seed=1", "Walker2d-v5/ppo/random/seed=1"]
@@ -177,9 +222,47 @@ def test_ratio_ci_by_hand():
     # two seeds give a ratio and no interval, and the table says why
     two = ratio_ci([1.0, 3.0], [2.0, 2.0, 2.0])
     assert two["ratio"] == 1.0 and math.isnan(two["lo"]) and math.isnan(two["hi"])
-    table = format_ratios([{"label": "nitro", "reference": "fixed", "n": 2, "n_reference": 3, "return": two,
-                            "spend": ratio_ci([1.0, 1.0, 1.0], [1.0, 1.0, 1.0])}])
-    assert "| nitro | fixed | 2 / 3 | 1.00 (no CI: under 3 seeds) | - | 1.00 (1.00-1.00) |" in table  # no late return: -
+    table = format_ratios(
+        [
+            {
+                "label": "nitro",
+                "reference": "fixed",
+                "n": 2,
+                "n_reference": 3,
+                "return": two,
+                "spend": ratio_ci([1.0, 1.0, 1.0], [1.0, 1.0, 1.0]),
+            }
+        ]
+    )
+    assert (
+        "| nitro | fixed | 2 / 3 | 1.00 (no CI: under 3 seeds) | - | 1.00 (1.00-1.00) |" in table
+    )  # no late return: -
+
+
+def test_rounds_file_round_trips_exactly_and_is_compressed_when_large(tmp_path, monkeypatch):
+    from nitro.experiments import rounds as rounds_module
+
+    cols = ["run_name", "label", "env", "algo", "seed", "round", "eval_return_mean", "hessian_R", "spend_round_usd"]
+    rows = [{"run_name": "a", "label": "nitro", "env": "Hopper-v5", "algo": "ppo", "seed": 0, "round": k,
+             "eval_return_mean": 1 / 3 + k, "hessian_R": float("nan") if k == 0 else 0.1 * k,
+             "spend_round_usd": 1e-5 * (k + 1)}
+            for k in range(3)]
+    rows[1].pop("eval_return_mean")  # a round that did not evaluate logs no eval_return_mean
+    rows.append({**rows[0], "run_name": "b", "round": 0})
+    assert write_rounds(tmp_path, rows, cols).name == "rounds.csv"
+    plain = read_rounds(tmp_path)
+    assert list(plain) == ["a", "b"] and [h["round"] for h in plain["a"]] == [0, 1, 2]
+    assert plain["a"][2]["eval_return_mean"] == 1 / 3 + 2 and plain["a"][0]["spend_round_usd"] == 1e-5  # exact
+    assert "eval_return_mean" not in plain["a"][1] and math.isnan(plain["a"][0]["hessian_R"])
+    assert set(plain["a"][0]) == {"round", "eval_return_mean", "hessian_R", "spend_round_usd"}
+
+    monkeypatch.setattr(rounds_module, "GZIP_ABOVE_BYTES", 100)
+    assert write_rounds(tmp_path, rows, cols).name == "rounds.csv.gz"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rounds.csv.gz"]  # the smaller report's file is gone
+    packed = read_rounds(tmp_path)
+    assert packed["a"][2] == plain["a"][2] and packed["b"][0]["round"] == 0
+    with pytest.raises(FileNotFoundError):
+        read_rounds(tmp_path / "none")
 
 
 def test_late_return_by_hand():
@@ -204,7 +287,9 @@ def test_late_return_by_hand():
     assert [s["late_return_mean"] for s in summary] == [100.0, 200.0]
     (ratio,) = ratios_against(summary, "fixed")
     assert ratio["return"]["ratio"] == 3.0 and ratio["late_return"] == {"ratio": 0.5, "lo": 0.5, "hi": 0.5}
-    assert "| nitro | fixed | 3 / 3 | 3.00 (3.00-3.00) | 0.50 (0.50-0.50) | 1.00 (1.00-1.00) |" in format_ratios([ratio])
+    assert "| nitro | fixed | 3 / 3 | 3.00 (3.00-3.00) | 0.50 (0.50-0.50) | 1.00 (1.00-1.00) |" in format_ratios(
+        [ratio]
+    )
     assert "last 5 evals' return" in format_summary(summary) and "| 100.00 ± 0.00 |" in format_summary(summary)
     # rows without the column (a compare row, not a report's) leave it empty, not zero
     bare = summarize([{k: v for k, v in r.items() if k != "late_return"} for r in rows])
@@ -230,9 +315,10 @@ def _tiny(tmp_path: Path, redis_url: str) -> tuple[dict, str]:
     return spec, uri
 
 
+@pytest.mark.slow
 def test_tiny_experiment_through_the_flow(prefect_api, tmp_path, redis_url):
-    from flows.experiment import experiment
     from cli.main import main
+    from flows.experiment import experiment
 
     spec, uri = _tiny(tmp_path, redis_url)
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(spec))
@@ -283,10 +369,29 @@ def test_tiny_experiment_through_the_flow(prefect_api, tmp_path, redis_url):
     # random against the reference (nitro): the ratio of the seeds' means; two seeds give no CI
     (ratio,) = results["ratios"]
     assert (ratio["label"], ratio["reference"], ratio["n"], ratio["n_reference"]) == ("random", "nitro", 2, 2)
-    assert math.isclose(ratio["spend"]["ratio"],
-                        summary["random"]["total_spend_usd_mean"] / summary["nitro"]["total_spend_usd_mean"], rel_tol=1e-9)
+    assert math.isclose(
+        ratio["spend"]["ratio"],
+        summary["random"]["total_spend_usd_mean"] / summary["nitro"]["total_spend_usd_mean"],
+        rel_tol=1e-9,
+    )
     assert ratio["spend"]["lo"] is None and ratio["spend"]["hi"] is None
     assert "Against `nitro`" in readme and "(no CI: under 3 seeds)" in readme
+    # rliable's IQM, mean and probability of improvement per task and arm; across tasks, the
+    # normalised aggregate and the performance profile where a scaler's mean beat round 0's policy
+    per_task = {s["label"]: s for s in results["statistics"]["per_task"]}
+    assert set(per_task) == {"nitro", "random"} and per_task["random"]["final_return"]["seeds"] == 2
+    assert per_task["nitro"]["final_return"]["improvement"] is None
+    assert 0.0 <= per_task["random"]["final_return"]["improvement"]["value"] <= 1.0
+    assert "final return: IQM (95% CI)" in readme and "P(> nitro)" in readme and "## Across tasks (rliable)" in readme
+    normalised = any(agg["arms"] for agg in results["statistics"]["across_tasks"])
+    assert ("performance-profile.png" in names) == normalised
+    assert all(math.isfinite(r["start_return"]) for r in results["runs"])  # round 0 evaluates
+    # `nitro experiment report DIR` rebuilds the same statistics from the report's files alone
+    from nitro.experiments.restats import rebuild_statistics
+
+    written = {p: p.read_bytes() for p in (out_dir / "README.md", out_dir / "results.json")}
+    rebuild_statistics(out_dir)
+    assert {p: p.read_bytes() for p in written} == written
     # every cell's whole config from the spec (a random cell's matched mean actors are in the notes)
     assert set(results["configs"]) == {c for c in (r["cell"] for r in results["runs"])}
     assert {cfg["scaler"]["name"] for cfg in results["configs"].values()} == {"nitro", "random"}
@@ -307,9 +412,13 @@ def test_tiny_experiment_through_the_flow(prefect_api, tmp_path, redis_url):
         vals = [r["final_return"] for r in results["runs"] if r["label"] == label and r["final_return"] is not None]
         if vals:
             assert math.isclose(s["final_return_mean"], sum(vals) / len(vals), rel_tol=1e-12)
-    # the late return: each run's evaluations from its own rounds, the last five of them averaged
+    # the late return: each run's evaluations from its own rounds, the last five of them averaged;
+    # the rounds are in rounds.csv alone, not in results.json too
+    assert "rounds" not in results
+    rounds = read_rounds(out_dir)
+    assert set(rounds) == {run["run_name"] for run in results["runs"]}
     for run in results["runs"]:
-        evals = [h["eval_return_mean"] for h in results["rounds"][run["run_name"]]
+        evals = [h["eval_return_mean"] for h in rounds[run["run_name"]]
                  if h.get("eval_return_mean") is not None and math.isfinite(h["eval_return_mean"])]
         assert evals and math.isclose(run["late_return"], sum(evals[-5:]) / len(evals[-5:]), rel_tol=1e-12)
         assert evals[-1] == run["final_return"]
@@ -322,6 +431,7 @@ def test_tiny_experiment_through_the_flow(prefect_api, tmp_path, redis_url):
     assert len(client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL, max_results=100)) == 5
 
 
+@pytest.mark.slow
 def test_partial_cell_resumes_from_its_checkpoint(prefect_api, tmp_path, redis_url, inject_faults):
     """A cell that failed mid-way resumes from its checkpoint; the other cells still run."""
     from flows.experiment import ExperimentFailed, experiment
@@ -342,11 +452,40 @@ def test_partial_cell_resumes_from_its_checkpoint(prefect_api, tmp_path, redis_u
     assert cell_state(cfg, run_id) == ("done", 2)
     client = MlflowClient(tracking_uri=uri)
     child = client.search_runs([client.get_experiment_by_name("tiny").experiment_id],
-                               filter_string="tags.`nitro.run_id` = '%s'" % run_id)
+                               filter_string=f"tags.`nitro.run_id` = '{run_id}'")
     assert len(child) == 1 and child[0].info.status == "FINISHED"
     assert sorted(m.step for m in client.get_metric_history(child[0].info.run_id, "round")) == [0, 1]
 
 
+@pytest.mark.slow
+def test_a_shuffled_control_replays_its_partners_counts_through_the_flow(prefect_api, tmp_path, redis_url):
+    """goodput, then the shuffled control replaying its counts; run alone first, the control is
+    skipped with the reason (its partner has not finished) and the study fails at the end."""
+    from flows.experiment import ExperimentFailed, experiment
+
+    spec, uri = _tiny(tmp_path, redis_url)
+    spec["matrix"] = {"env": ["Hopper-v5"], "algo": ["ppo"], "scaler": ["goodput", "shuffled"], "seed": [0]}
+    spec["baselines"], spec["reference"] = SHUFFLED, "goodput"
+    out_dir = tmp_path / "report"
+    with pytest.raises(ExperimentFailed, match="has not finished"):
+        asyncio.run(experiment(spec=spec, report_dir=str(out_dir), only={"scaler": ["shuffled"]}))
+    result = asyncio.run(experiment(spec=spec, report_dir=str(out_dir)))
+    assert [(k, r["state"]) for k, r in result["results"].items()] == [
+        ("Hopper-v5/ppo/goodput/seed=0", "ran"), ("Hopper-v5/ppo/shuffled/seed=0", "ran")]
+    rounds = read_rounds(out_dir)
+    played = {name.split("-")[4]: sorted(int(h["actors_launched"]) for h in hs) for name, hs in rounds.items()}
+    assert played["shuffled"] == played["goodput"] and len(played["goodput"]) == 2  # the replay plays its counts
+    assert 2 in played["goodput"]  # round 0 makes no update: goodput, unmeasured, keeps I_min
+    notes = json.loads((out_dir / "results.json").read_text())["notes"]
+    assert "replays the 2 actor counts of Hopper-v5/ppo/goodput/seed=0" in notes["Hopper-v5/ppo/shuffled/seed=0"]
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = [r for r in client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+              if r.data.tags.get("nitro.cell") == "Hopper-v5/ppo/shuffled/seed=0"]
+    replayed = sorted(int(n) for n in json.loads(run.data.params["scaler.replay_actors"]))
+    assert replayed == played["goodput"] and run.data.params["scaler.name"] == "replay"
+
+
+@pytest.mark.slow
 def test_a_study_goes_on_from_its_report_on_another_machine(prefect_api, tmp_path, redis_url):
     """The MLflow store and checkpoints stay on the machine that ran a cell; the report goes on.
     A second machine (a fresh home and store, the same report directory) carries the finished cell
@@ -361,6 +500,7 @@ def test_a_study_goes_on_from_its_report_on_another_machine(prefect_api, tmp_pat
     first = asyncio.run(experiment(spec=spec, report_dir=str(out_dir), only={"scaler": ["nitro"]}))
     assert [r["state"] for r in first["results"].values()] == ["ran"]
     results = json.loads((out_dir / "results.json").read_text())
+    rounds = read_rounds(out_dir)
     (nitro_row,) = results["runs"]
     assert nitro_row["machine"] == results["machine"]["cpu"]
     late = nitro_row["late_return"]
@@ -377,7 +517,10 @@ def test_a_study_goes_on_from_its_report_on_another_machine(prefect_api, tmp_pat
         ("Hopper-v5/ppo/nitro/seed=0", "carried"), ("Hopper-v5/ppo/random/seed=0", "ran")]
     parsed = load_spec(spec)
     nitro_cell = expand_cells(parsed)[0]
-    assert cell_state(cell_config(parsed, nitro_cell), cell_run_id("tiny", nitro_cell)) == ("new", 0)  # not trained here
+    assert cell_state(cell_config(parsed, nitro_cell), cell_run_id("tiny", nitro_cell)) == (
+        "new",
+        0,
+    )  # not trained here
 
     after = json.loads((out_dir / "results.json").read_text())
     by_label = {r["label"]: r for r in after["runs"]}
@@ -385,8 +528,9 @@ def test_a_study_goes_on_from_its_report_on_another_machine(prefect_api, tmp_pat
     assert by_label["nitro"]["late_return"] == late  # from the carried rounds
     assert by_label["nitro"]["machine"] == "the first machine's CPU"
     assert by_label["random"]["machine"] == after["machine"]["cpu"]
-    assert after["rounds"][nitro_row["run_name"]] == results["rounds"][nitro_row["run_name"]]
-    launched = [h["actors_launched"] for h in results["rounds"][nitro_row["run_name"]] if h.get("actors_launched")]
+    # the carried run's rounds, written again as they were read (repr: a round's NaN R equals NaN)
+    assert repr(read_rounds(out_dir)[nitro_row["run_name"]]) == repr(rounds[nitro_row["run_name"]])
+    launched = [h["actors_launched"] for h in rounds[nitro_row["run_name"]] if h.get("actors_launched")]
     assert f"random_mean_actors={sum(launched) / len(launched):.3f}" in after["notes"]["Hopper-v5/ppo/random/seed=0"]
     readme = (out_dir / "README.md").read_text()
     assert "Cells finished: 2 of 2" in readme and "the first machine's CPU: 1" in readme

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from nitro.config.minionsrl import PretrainConfig
 from nitro.experiments import ExperimentError, cell_config, cell_run_id, expand_cells, load_spec
-from nitro.minionsrl.config import PretrainConfig
-from nitro.minionsrl.pretrain import pretrain, save_scheduler
+from nitro.scaling.minionsrl.pretrain import pretrain, save_scheduler
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,13 +43,24 @@ def test_the_example_spec_expands_into_one_cell_per_baseline(scheduler_file):
     assert {(c.env, c.algo, c.seed) for c in cells} == {("Hopper-v5", "ppo", 0)}
     configs = {c.label: cell_config(spec, c) for c in cells}
     got = {label: (c.scaler.name, c.backend.pricing) for label, c in configs.items()}
-    assert got == {"nitro": ("nitro", "lambda"), "fixed": ("fixed", "lambda"), "serverful": ("fixed", "vm"),
-                   "vm-pause": ("vm-pause", "vm"), "vm-replay": ("vm-replay", "vm"), "nitro-vm": ("nitro", "vm"),
-                   "minionsrl": ("minionsrl", "lambda")}
-    assert (configs["serverful"].backend.vm.instance_type, configs["serverful"].backend.vm.min_instances) == ("c5.4xlarge", 0)
+    assert got == {
+        "nitro": ("nitro", "lambda"),
+        "fixed": ("fixed", "lambda"),
+        "serverful": ("fixed", "vm"),
+        "vm-pause": ("vm-pause", "vm"),
+        "vm-replay": ("vm-replay", "vm"),
+        "nitro-vm": ("nitro", "vm"),
+        "minionsrl": ("minionsrl", "lambda"),
+    }
+    assert (configs["serverful"].backend.vm.instance_type, configs["serverful"].backend.vm.min_instances) == (
+        "c5.4xlarge",
+        0,
+    )
     # the spec's own nitro-vm replaces the built-in one: a VM sized for its I_max of 32
     vm = configs["nitro-vm"].backend.vm
-    assert (vm.instance_type, vm.vcpus, vm.min_instances) == ("c5.9xlarge", 36, 1) and vm.vcpus >= configs["nitro-vm"].scaler.i_max
+    assert (vm.instance_type, vm.vcpus, vm.min_instances) == ("c5.9xlarge", 36, 1) and vm.vcpus >= configs[
+        "nitro-vm"
+    ].scaler.i_max
     assert configs["minionsrl"].scaler.minionsrl.path == str(path)
     for c in configs.values():
         assert (c.clock.kind, c.rounds, c.budget_usd, c.env_id) == ("lambda", 10, None, "Hopper-v5")
@@ -92,6 +103,7 @@ def test_a_bad_baseline_is_one_line_naming_the_field(change, needle):
     assert "\n" not in msg and needle in msg, msg
 
 
+@pytest.mark.slow
 def test_a_minionsrl_cell_reports_its_pretraining(prefect_api, tmp_path, redis_url, scheduler_file):
     """One MinionsRL cell, 2 rounds of 64-step actors, through the experiment flow: the cell's MLflow
     run (created by the experiment, attached by the training run) carries the pre-training record,

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from torch.distributions import Categorical
 
+from nitro.actors.rollout import rollout
 from nitro.config import ImpactConfig
-from nitro.detector import detect_on_batch, hessian_extremes
 from nitro.envs import EnvSpec, env_spec
 from nitro.learners import ImpactLearner, OffPolicyLearner
 from nitro.learners.distributions import CategoricalParams, GaussianParams
@@ -26,9 +26,8 @@ from nitro.learners.impact_loss import (
 )
 from nitro.learners.replay import ReplayBuffer
 from nitro.learners.returns import compute_gae, vtrace_returns
-from nitro.rollout import rollout
+from nitro.scaling.detector import detect_on_batch, hessian_extremes
 from nitro.serialization import dumps_tensors, loads_tensors
-
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -167,7 +166,9 @@ def test_impact_surrogate_by_hand():
     # mean = (1.2 + 0.25 - 1.2 - 1.6)/4 = -1.35/4 = -0.3375 -> loss 0.3375
     assert float(loss) == pytest.approx(0.3375, abs=1e-6)
     # rho_bar = 2 lets t2's weight through: t2 becomes 2 * -1.2 = -2.4 -> mean (1.2+0.25-2.4-1.6)/4 = -0.6375
-    assert float(impact_surrogate(logp_new, logp_t, logp_b, adv, clip=0.2, rho_bar=2.0)) == pytest.approx(0.6375, abs=1e-6)
+    assert float(impact_surrogate(logp_new, logp_t, logp_b, adv, clip=0.2, rho_bar=2.0)) == pytest.approx(
+        0.6375, abs=1e-6
+    )
 
 
 def test_impact_surrogate_gradient_at_target_is_vtrace_policy_gradient():
@@ -183,7 +184,9 @@ def test_impact_surrogate_gradient_at_target_is_vtrace_policy_gradient():
 
 def test_vtrace_value_loss_by_hand():
     # (1-2)^2 = 1, (3-0)^2 = 9, (3-3)^2 = 0 -> mean 10/3
-    assert float(vtrace_value_loss(torch.tensor([1.0, 3.0, 3.0]), torch.tensor([2.0, 0.0, 3.0]))) == pytest.approx(10 / 3)
+    assert float(vtrace_value_loss(torch.tensor([1.0, 3.0, 3.0]), torch.tensor([2.0, 0.0, 3.0]))) == pytest.approx(
+        10 / 3
+    )
 
 
 def test_impact_loss_combines_terms_by_hand():

@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 
 from actor_lambda import handler as H
 from nitro.actors.events import ActorSummary
-from nitro.cache import LocalRedisServer, TrajectoryCache, connect_redis
+from nitro.cache import CacheUnavailableError, LocalRedisServer, TrajectoryCache, connect_redis
 from nitro.envs import env_spec
 from nitro.models import build_policy
 from nitro.serialization import dumps_tensors, loads_tensors
+from tests.support.tls import throwaway_tls
 
 ENV = "Hopper-v5"
 RUN = "hdl"
@@ -32,7 +34,9 @@ class Ctx:
 def published(redis_client, redis_url):
     cache = TrajectoryCache(connect_redis(redis_url), RUN)
     policy = build_policy(env_spec(ENV))
-    key = cache.publish_weights(3, dumps_tensors(policy.state_dict(), {"env_id": ENV, "version": 3, "format": "nitro.policy/1"}))
+    key = cache.publish_weights(
+        3, dumps_tensors(policy.state_dict(), {"env_id": ENV, "version": 3, "format": "nitro.policy/1"})
+    )
     return cache, key
 
 
@@ -110,7 +114,9 @@ def test_runtime_failures_are_reported_not_raised(published, redis_url):
     _, key = published
     s = ActorSummary.model_validate(H.handler(_event(redis_url, "nitro:hdl:r00003:nope", 8), Ctx()))
     assert not s.ok and "missing or expired" in s.error
-    s = ActorSummary.model_validate(H.handler(_event(redis_url, key, 9, cache_credentials={"env": "NITRO_TEST_UNSET_VAR"}), Ctx()))
+    s = ActorSummary.model_validate(
+        H.handler(_event(redis_url, key, 9, cache_credentials={"env": "NITRO_TEST_UNSET_VAR"}), Ctx())
+    )
     assert not s.ok and "NITRO_TEST_UNSET_VAR" in s.error
     s = ActorSummary.model_validate(H.handler(_event("redis://127.0.0.1:1/0", key, 10), Ctx()))
     assert not s.ok and "cannot connect" in s.error.lower()
@@ -120,21 +126,35 @@ def test_secret_arn_credentials_via_secrets_manager(monkeypatch):
     """{"secret_arn": ...} is resolved with Secrets Manager (moto) and used for an ACL'd Redis."""
     from moto import mock_aws
 
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(k, v)
     with LocalRedisServer(tempfile.mkdtemp(prefix="nitro-h-"), password="s3cret-pw") as srv, mock_aws():
         import boto3
 
         monkeypatch.setattr(H, "_SM_CLIENT", None)
         monkeypatch.setattr(H, "_SECRETS", {})
-        arn = boto3.client("secretsmanager").create_secret(Name="nitro/redis", SecretString=json.dumps({"password": "s3cret-pw"}))["ARN"]
+        arn = boto3.client("secretsmanager").create_secret(
+            Name="nitro/redis", SecretString=json.dumps({"password": "s3cret-pw"})
+        )["ARN"]
         cache = TrajectoryCache(connect_redis(srv.url, password="s3cret-pw"), RUN)
-        key = cache.publish_weights(3, dumps_tensors(build_policy(env_spec(ENV)).state_dict(),
-                                                     {"env_id": ENV, "version": 3, "format": "nitro.policy/1"}))
-        s = ActorSummary.model_validate(H.handler(_event(srv.url, key, 11, cache_credentials={"secret_arn": arn}), Ctx()))
+        key = cache.publish_weights(
+            3,
+            dumps_tensors(
+                build_policy(env_spec(ENV)).state_dict(), {"env_id": ENV, "version": 3, "format": "nitro.policy/1"}
+            ),
+        )
+        s = ActorSummary.model_validate(
+            H.handler(_event(srv.url, key, 11, cache_credentials={"secret_arn": arn}), Ctx())
+        )
         assert s.ok, s.error
         assert H._SECRETS[arn][1] == "s3cret-pw"
-        bad = ActorSummary.model_validate(H.handler(_event(srv.url, key, 12, cache_credentials={"secret_arn": arn + "x"}), Ctx()))
+        bad = ActorSummary.model_validate(
+            H.handler(_event(srv.url, key, 12, cache_credentials={"secret_arn": arn + "x"}), Ctx())
+        )
         assert not bad.ok and "ResourceNotFoundException" in bad.error and "s3cret" not in bad.error
         H.STATE.close()
 
@@ -158,12 +178,12 @@ def test_misconfigured_function_raises(monkeypatch):
 
 def test_dockerfile_and_requirements():
     root = os.path.join(os.path.dirname(__file__), "..", "actor_lambda")
-    docker = open(os.path.join(root, "Dockerfile")).read()
+    docker = Path(root, "Dockerfile").read_text()
     assert docker.startswith("# syntax=") or "FROM public.ecr.aws/lambda/python:3.12" in docker
     assert "FROM public.ecr.aws/lambda/python:3.12" in docker
     assert "download.pytorch.org/whl/cpu" in docker and "MUJOCO_GL=disable" in docker
     assert 'CMD ["actor_lambda.handler.handler"]' in docker
-    reqs = open(os.path.join(root, "requirements.txt")).read()
+    reqs = Path(root, "requirements.txt").read_text()
     assert "torch" not in [line.split("=")[0].split(">")[0].strip() for line in reqs.splitlines()]
     for pkg in ("gymnasium", "mujoco", "ale-py", "redis", "safetensors", "pydantic", "numpy"):
         assert pkg in reqs
@@ -179,49 +199,17 @@ def _require_redis7() -> str:
     return exe
 
 
-def _tls_files(directory: str):
-    """A throwaway CA and a server certificate for 127.0.0.1/localhost."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    from nitro.cache import TLSFiles
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nitro test CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    paths = {name: os.path.join(directory, name) for name in ("ca.crt", "redis.crt", "redis.key")}
-    open(paths["ca.crt"], "wb").write(ca.public_bytes(serialization.Encoding.PEM))
-    open(paths["redis.crt"], "wb").write(cert.public_bytes(serialization.Encoding.PEM))
-    open(paths["redis.key"], "wb").write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                           serialization.NoEncryption()))
-    return TLSFiles(cert_file=paths["redis.crt"], key_file=paths["redis.key"], ca_file=paths["ca.crt"])
-
-
 def test_actor_over_tls_with_the_least_privilege_acl_user(monkeypatch):
     import redis
 
     from deployments.redis.setup_acl import apply_users
 
     d = tempfile.mkdtemp(prefix="nitro-acl-")
-    tls = _tls_files(d)
+    tls = throwaway_tls(Path(d))
     actor_pw, learner_pw = "actor-password-0123456789", "learner-password-0123456789"
-    with LocalRedisServer(os.path.join(d, "data"), binary=_require_redis7(), password="admin-password-0123456789", tls=tls) as srv:
+    with LocalRedisServer(
+        os.path.join(d, "data"), binary=_require_redis7(), password="admin-password-0123456789", tls=tls
+    ) as srv:
         admin = connect_redis(srv.url, password="admin-password-0123456789")
         assert apply_users(admin, actor_pw, learner_pw) == ["nitro-actor", "nitro-learner"]
         assert apply_users(admin, actor_pw, learner_pw)  # idempotent
@@ -243,16 +231,25 @@ def test_actor_over_tls_with_the_least_privilege_acl_user(monkeypatch):
 
         actor = connect_redis(actor_url, password=actor_pw)
         assert actor.get(key) is not None
-        denied = [("SET", key, "x"), ("DEL", key), ("KEYS", "*"), ("FLUSHALL",), ("CONFIG", "GET", "*"),
-                  ("GET", "other:key"), ("SET", "nitro-other", "1"), ("SCAN", "0"), ("LRANGE", learner.done_key(3), "0", "-1"),
-                  ("EVAL", "return redis.call('DEL', KEYS[1])", "1", learner.batch_key(3, ev["invocation_id"]))]
+        denied = [
+            ("SET", key, "x"),
+            ("DEL", key),
+            ("KEYS", "*"),
+            ("FLUSHALL",),
+            ("CONFIG", "GET", "*"),
+            ("GET", "other:key"),
+            ("SET", "nitro-other", "1"),
+            ("SCAN", "0"),
+            ("LRANGE", learner.done_key(3), "0", "-1"),
+            ("EVAL", "return redis.call('DEL', KEYS[1])", "1", learner.batch_key(3, ev["invocation_id"])),
+        ]
         for cmd in denied:
-            with pytest.raises(redis.ResponseError, match="(?i)no permissions|NOPERM"):
+            with pytest.raises(redis.ResponseError, match=r"(?i)no permissions|NOPERM"):
                 actor.execute_command(*cmd)
         assert learner.delete_round(3) >= 2
         # Without TLS the server does not answer at all (TLS-only listener).
         plain = base.split("?")[0].replace("rediss://", "redis://nitro-actor@")
-        with pytest.raises(Exception):
+        with pytest.raises(CacheUnavailableError):
             connect_redis(plain, password=actor_pw, timeout_s=1.0)
         H.STATE.close()
 

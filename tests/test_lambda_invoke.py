@@ -15,9 +15,8 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from nitro.actors.events import ActorEvent
-from tests.support.lambda_invoke_server import FunctionSpec, InvokeServer
 from nitro.actors import lambda_http
+from nitro.actors.events import ActorEvent
 from nitro.actors.lambda_ import LambdaActorBackend
 from nitro.actors.lambda_answer import parse_report
 from nitro.actors.profile import profile_actor
@@ -26,11 +25,13 @@ from nitro.config import LambdaConfig
 from nitro.envs import env_spec
 from nitro.models import build_policy
 from nitro.serialization import dumps_tensors, loads_tensors
+from tests.support.lambda_invoke_server import FunctionSpec, InvokeServer
 
 ENV = "Hopper-v5"
 RUN = "lam"
 CREDENTIALS = ("testing", "testing-secret")  # what the server verifies signatures against
 INVOKERS = ["aiohttp", "boto3"]
+pytestmark = pytest.mark.slow  # the Invoke API emulator and its function processes
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +70,9 @@ def server():
 def weights(redis_client, redis_url):
     cache = TrajectoryCache(connect_redis(redis_url), RUN)
     policy = build_policy(env_spec(ENV))
-    key = cache.publish_weights(0, dumps_tensors(policy.state_dict(), {"env_id": ENV, "version": 0, "format": "nitro.policy/1"}))
+    key = cache.publish_weights(
+        0, dumps_tensors(policy.state_dict(), {"env_id": ENV, "version": 0, "format": "nitro.policy/1"})
+    )
     return cache, key
 
 
@@ -121,13 +124,17 @@ def test_success_trajectories_land_in_redis(server, weights, redis_url, invoker)
         arrays, meta = loads_tensors(data, expect_format="nitro.batch/1")
         assert arrays["rewards"].shape == (64,) and meta["invocation_id"] == ev.invocation_id
         assert s.billed_ms >= 1
-    assert sorted(x.decode() for x in cache.client.lrange(cache.done_key(0), 0, -1)) == sorted(e.invocation_id for e in events)
+    assert sorted(x.decode() for x in cache.client.lrange(cache.done_key(0), 0, -1)) == sorted(
+        e.invocation_id for e in events
+    )
 
 
 def test_raw_invoke_headers_and_billed_duration(server, weights, redis_url):
     _, key = weights
     client = _raw_client(server)
-    resp = client.invoke(FunctionName="nitro-actor", Payload=_event(redis_url, key, 9).model_dump_json(), LogType="Tail")
+    resp = client.invoke(
+        FunctionName="nitro-actor", Payload=_event(redis_url, key, 9).model_dump_json(), LogType="Tail"
+    )
     assert resp["StatusCode"] == 200 and resp["ExecutedVersion"] == "$LATEST" and "FunctionError" not in resp
     log = base64.b64decode(resp["LogResult"]).decode()
     assert "REPORT RequestId:" in log and "Billed Duration:" in log
@@ -181,7 +188,9 @@ def test_timeout_is_reported_as_lambda_reports_it(server, weights, redis_url, in
     with _backend(server, name="nitro-actor-short", timeout_s=1, invoker=invoker) as be:
         s = be.invoke(_event(redis_url, key, 41, n_steps=1_000_000))
     # {"errorType": "Sandbox.Timedout", "errorMessage": "RequestId: ... Error: Task timed out after 1.00 seconds"}
-    assert not s.ok and "Lambda timed out (Sandbox.Timedout)" in s.error and "Task timed out after 1.00 seconds" in s.error
+    assert (
+        not s.ok and "Lambda timed out (Sandbox.Timedout)" in s.error and "Task timed out after 1.00 seconds" in s.error
+    )
     assert s.billed_ms == 1000  # from the REPORT line: a timeout bills the whole timeout
     assert cache.get_batch(0, f"{RUN}-r00000-0041") is None
     stats = server.stats("nitro-actor-short")["nitro-actor-short"]
@@ -322,10 +331,18 @@ def test_read_timeout_is_a_transport_failure(server, weights, redis_url, invoker
     assert not s.ok and s.error.startswith("no response from Lambda (ReadTimeoutError)")
 
 
-@pytest.mark.parametrize(("endpoint", "function", "qualifier", "token"), [
-    ("https://lambda.eu-west-1.amazonaws.com", "arn:aws:lambda:eu-west-1:123456789012:function:nitro-actor", "live", "TOKEN"),
-    ("http://127.0.0.1:9001", "nitro-actor", None, None),
-])
+@pytest.mark.parametrize(
+    ("endpoint", "function", "qualifier", "token"),
+    [
+        (
+            "https://lambda.eu-west-1.amazonaws.com",
+            "arn:aws:lambda:eu-west-1:123456789012:function:nitro-actor",
+            "live",
+            "TOKEN",
+        ),
+        ("http://127.0.0.1:9001", "nitro-actor", None, None),
+    ],
+)
 def test_signer_signs_exactly_as_botocore(monkeypatch, endpoint, function, qualifier, token):
     """The lean signer's Authorization equals botocore's SigV4Auth for the same request and time:
     ARN quoting, the qualifier, a session token and a non-default port included."""

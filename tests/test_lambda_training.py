@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.support.lambda_invoke_server import FunctionSpec, InvokeServer
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture()

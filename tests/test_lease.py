@@ -1,4 +1,4 @@
-"""One writer per run (nitro/lease.py) against a real Redis: a second taker is refused with the
+"""One writer per run (nitro/cache/lease.py) against a real Redis: a second taker is refused with the
 holder's line, a holder that stops renewing loses the run after the lease time, a holder on this
 host whose process is gone is taken over at once, and a writer that lost the run can write
 neither its lease-fenced checks nor a checkpoint."""
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from nitro.checkpoint import CheckpointError, fence_token, load_checkpoint, save_fenced_checkpoint
-from nitro.lease import Holder, LeaseLost, RunHeld, acquire_lease
+from nitro.cache.lease import Holder, LeaseLost, RunHeld, acquire_lease
+from nitro.run.rundir import CheckpointError, RunDir
 
 
 def _elsewhere() -> Holder:
@@ -25,18 +25,18 @@ def test_a_second_writer_is_refused_until_the_lease_of_a_silent_holder_expires(r
         acquire_lease(redis_client, "run-a", ttl_s=1.0)
     line = str(info.value)
     assert "\n" not in line and "host another-host, pid 4242, since" in line and "lease expires" in line, line
-    save_fenced_checkpoint(tmp_path, "run-a", 0, {"x": 1}, first.token)
+    RunDir(tmp_path, "run-a").save(0, {"x": 1}, first.token)
     time.sleep(1.3)
-    second = acquire_lease(redis_client, "run-a", ttl_s=5.0, floor=fence_token(tmp_path, "run-a"))
+    second = acquire_lease(redis_client, "run-a", ttl_s=5.0, floor=RunDir(tmp_path, "run-a").fence_token())
     assert second.token > first.token
     with pytest.raises(LeaseLost, match="no longer holds the run"):
         first.check()
     second.check()
     # the stale writer's checkpoint is refused by the token already on disk, the holder's is written
-    save_fenced_checkpoint(tmp_path, "run-a", 1, {"x": 2}, second.token)
+    RunDir(tmp_path, "run-a").save(1, {"x": 2}, second.token)
     with pytest.raises(CheckpointError, match="older than token"):
-        save_fenced_checkpoint(tmp_path, "run-a", 2, {"x": 3}, first.token)
-    assert load_checkpoint(tmp_path, "run-a")[1] == {"x": 2, "lease_token": second.token}
+        RunDir(tmp_path, "run-a").save(2, {"x": 3}, first.token)
+    assert RunDir(tmp_path, "run-a").load()[1] == {"x": 2, "lease_token": second.token}
     second.release()
     assert acquire_lease(redis_client, "run-a", ttl_s=5.0).token > second.token
 

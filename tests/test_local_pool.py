@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import threading
 import time
 
@@ -11,7 +10,7 @@ import psutil
 import pytest
 
 from nitro.actors.events import ActorEvent, invocation_id
-from nitro.actors.local import LocalActorPool
+from nitro.actors.local import LocalActorPool, keep_warm_workers
 from tests.support.servers import becomes_true
 
 HELPER = "tests.support.actor_helpers:scripted"
@@ -26,6 +25,13 @@ def _event(i: int, seed: int = 0, n_steps: int = 10, round_idx: int = 0) -> Acto
 
 def _gone(pids) -> bool:
     return all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in pids)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_kept_workers():
+    """These tests are about a pool's own processes: none comes from or goes to another pool."""
+    with keep_warm_workers(0):
+        yield
 
 
 @pytest.fixture(scope="module")

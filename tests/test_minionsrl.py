@@ -1,4 +1,4 @@
-"""MinionsRL's scheduler (nitro/minionsrl/): state, action mask and reward against hand-worked
+"""MinionsRL's scheduler (nitro/scaling/minionsrl/): state, action mask and reward against hand-worked
 rounds; the meta-PPO learns a toy task whose best actor count is known; the scheduler file
 round-trips; a run with it stays in [I_min, I_max] and within its budget."""
 
@@ -14,13 +14,13 @@ import torch
 from nitro.actors.local import LocalActorPool
 from nitro.cache import TrajectoryCache, connect_redis
 from nitro.config import ClockConfig, ConfigError, NitroConfig, PriceTable
-from nitro.engine import TrainingRun
-from nitro.minionsrl.config import PretrainConfig
-from nitro.minionsrl.policy import choose, monte_carlo_returns
-from nitro.minionsrl.pretrain import load_scheduler, pretrain, save_scheduler
-from nitro.minionsrl.simulator import TrainingSimulator
-from nitro.minionsrl.state import StateNormaliser, action_mask, actors_for_action, round_reward, state_vector
-from nitro.scalers import RoundSignal, make_scaler, round_signal
+from nitro.config.minionsrl import PretrainConfig
+from nitro.run.engine import TrainingRun
+from nitro.scaling.minionsrl.policy import choose, monte_carlo_returns
+from nitro.scaling.minionsrl.pretrain import load_scheduler, pretrain, save_scheduler
+from nitro.scaling.minionsrl.simulator import TrainingSimulator
+from nitro.scaling.minionsrl.state import StateNormaliser, action_mask, actors_for_action, round_reward, state_vector
+from nitro.scaling.scalers import RoundSignal, make_scaler, round_signal
 
 
 def test_the_state_of_a_hand_worked_round():
@@ -31,7 +31,7 @@ def test_the_state_of_a_hand_worked_round():
                {"train_return_mean": math.nan, "round_billed_s": 7.25, "learner_s": 2.0, "detection_s": 0.25}]
     signal = round_signal(None, {"loss": 0.8, "kl": 0.02}, None, 1.75, history, spent_usd=0.3, budget_left_usd=0.7)
     assert (signal.mean_return, signal.actor_s, signal.learner_s) == (12.0, 5.0, 1.75)
-    from nitro.minionsrl.state import SchedulerObservation
+    from nitro.scaling.minionsrl.state import SchedulerObservation
 
     obs = SchedulerObservation(3, signal.loss, signal.mean_return, signal.kl, signal.learner_s, signal.actor_s,
                                signal.learner_s + signal.actor_s, signal.budget_left_usd)
@@ -43,7 +43,16 @@ def test_the_state_of_a_hand_worked_round():
 def test_the_action_mask_and_the_actor_count():
     """8 logits, I_min 3, I_max 5: the code samples all 8 and clips N = a + 1; the option masks."""
     assert action_mask(8, 3, 5, mask_out_of_range=False).tolist() == [True] * 8
-    assert action_mask(8, 3, 5, mask_out_of_range=True).tolist() == [False, False, True, True, True, False, False, False]
+    assert action_mask(8, 3, 5, mask_out_of_range=True).tolist() == [
+        False,
+        False,
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
     assert [actors_for_action(a, 3, 5) for a in (0, 2, 3, 7)] == [3, 3, 4, 5]
     assert action_mask(4, 6, 9, mask_out_of_range=True).tolist() == [False, False, False, True]  # beyond the net
 
@@ -127,6 +136,7 @@ def pool():
         yield p
 
 
+@pytest.mark.slow
 def test_a_run_with_it_respects_i_min_i_max_and_the_budget(redis_url, pool, tmp_path):
     """A scheduler pre-trained (3 episodes) for N in 1..8 deployed in a run
     whose range is [2, 4]: every round's wish is clipped there, sampled as the code does; a budget
@@ -144,7 +154,7 @@ def test_a_run_with_it_respects_i_min_i_max_and_the_budget(redis_url, pool, tmp_
     wanted, launched, stop = [], [], None
     for k in range(cfg.rounds):
         started = time.perf_counter()
-        update = training.update_policy(k)
+        update = training.mode.update(k)
         decision = training.decide_actors(k, None, update, started)
         wanted.append(decision.wanted)
         events = training.plan_invocations(k, decision, training.publish_weights(k))
@@ -200,8 +210,8 @@ def _bump_rows(runs: int = 6, rounds: int = 30, noise: float = 0.1, peak: float 
 
 
 def test_the_simulator_fit_recovers_a_known_gain_curve_and_learner_line():
-    from nitro.minionsrl.config import SimulatorConfig
-    from nitro.minionsrl.fit import fit_simulator
+    from nitro.config.minionsrl import SimulatorConfig
+    from nitro.scaling.minionsrl.fit import fit_simulator
 
     base = SimulatorConfig(rounds=7)
     sim, report = fit_simulator(_bump_rows(), base)
@@ -213,8 +223,8 @@ def test_the_simulator_fit_recovers_a_known_gain_curve_and_learner_line():
 
 
 def test_the_simulator_fit_reads_the_training_return_of_current_reports_not_the_evaluation():
-    from nitro.minionsrl.config import SimulatorConfig
-    from nitro.minionsrl.fit import fit_simulator
+    from nitro.config.minionsrl import SimulatorConfig
+    from nitro.scaling.minionsrl.fit import fit_simulator
 
     old = _bump_rows()
     # Today's rounds.csv: the training return under its own name, beside an evaluation column.
@@ -225,8 +235,8 @@ def test_the_simulator_fit_reads_the_training_return_of_current_reports_not_the_
 
 @pytest.mark.parametrize("report", ["hopper-study", "hopper-lambda"])  # before and after the eval/train split
 def test_the_simulator_fit_on_a_hopper_report_peaks_inside_its_actor_range(report):
-    from nitro.minionsrl.config import SimulatorConfig
-    from nitro.minionsrl.fit import fit_simulator, read_rounds
+    from nitro.config.minionsrl import SimulatorConfig
+    from nitro.scaling.minionsrl.fit import fit_simulator, read_rounds
 
     rows = read_rounds(f"docs/results/{report}/rounds.csv")
     sim, report = fit_simulator(rows, SimulatorConfig())
@@ -238,8 +248,8 @@ def test_the_simulator_fit_on_a_hopper_report_peaks_inside_its_actor_range(repor
 @pytest.mark.parametrize("rows, reason", [(_bump_rows(runs=1, rounds=4), "too few round gains"),
                                           (_bump_rows(gain=-5.0), "no round of the")])
 def test_the_simulator_fit_refuses_rows_it_cannot_fit(rows, reason):
-    from nitro.minionsrl.config import SimulatorConfig
-    from nitro.minionsrl.fit import fit_simulator
+    from nitro.config.minionsrl import SimulatorConfig
+    from nitro.scaling.minionsrl.fit import fit_simulator
 
     with pytest.raises(ValueError, match=reason) as err:
         fit_simulator(rows, SimulatorConfig())
@@ -257,7 +267,7 @@ def test_pretrain_fit_from_names_the_fit_in_the_record_and_overrides_win(tmp_pat
     assert cmd_minionsrl_pretrain(args) == 0
     assert "fitted on" in capsys.readouterr().out
     scheduler = load_scheduler(out)
-    assert scheduler.record.simulator == f"nitro.minionsrl.simulator fitted from {csv_path}"
+    assert scheduler.record.simulator == f"nitro.scaling.minionsrl.simulator fitted from {csv_path}"
     sim = scheduler.config["simulator"]
     assert sim["rounds"] == 4 and sim["noise"] == 0.05 and sim["fitted_from"] == csv_path and sim["width"] != 16.0
     bad = argparse.Namespace(out=str(out), fit_from=str(tmp_path / "none.csv"), overrides=["episodes=2"])

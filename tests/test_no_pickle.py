@@ -59,9 +59,19 @@ def test_learner_side_never_unpickles_a_round(redis_url, monkeypatch):
     client = connect_redis(redis_url)
     cache = TrajectoryCache(client, "nopickle", ttl_s=600)
     learner = PPOLearner(env_spec("Hopper-v5"), PPOConfig(epochs=1), seed=0)
-    key = cache.publish_weights(0, dumps_tensors(learner.weights(), {"format": "nitro.policy/1", "env_id": "Hopper-v5", "version": 0}))
-    event = ActorEvent(run_id="nopickle", round=0, invocation_id="nopickle-r00000-0000", weights_key=key,
-                       env_id="Hopper-v5", seed=1, n_steps=128, cache_url=redis_url)
+    key = cache.publish_weights(
+        0, dumps_tensors(learner.weights(), {"format": "nitro.policy/1", "env_id": "Hopper-v5", "version": 0})
+    )
+    event = ActorEvent(
+        run_id="nopickle",
+        round=0,
+        invocation_id="nopickle-r00000-0000",
+        weights_key=key,
+        env_id="Hopper-v5",
+        seed=1,
+        n_steps=128,
+        cache_url=redis_url,
+    )
     monkeypatch.setattr(pickle, "loads", trap)
     monkeypatch.setattr(pickle, "load", trap)
     monkeypatch.setattr(pickle, "Unpickler", trap)

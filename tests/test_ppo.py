@@ -14,7 +14,6 @@ from torch.distributions import Categorical, Independent, Normal
 
 from nitro.config import PPOConfig
 from nitro.envs import EnvSpec, env_spec, make_env
-from nitro.models import Policy
 from nitro.learners import Learner, PPOLearner, Progress
 from nitro.learners.distributions import CategoricalParams
 from nitro.learners.objective import adapt_kl_coef, entropy_bonus, kl_penalty
@@ -29,6 +28,7 @@ from nitro.learners.ppo import (
 from nitro.learners.returns import compute_gae
 from nitro.learners.sgd import annealed_lr, minibatch_count, minibatch_indices, noise_scale_from_norms
 from nitro.learners.statistics import discounted_return_trace, explained_variance, training_rewards
+from nitro.models import Policy
 from nitro.serialization import dumps_tensors, loads_tensors
 
 LN2 = math.log(2.0)
@@ -299,7 +299,9 @@ def test_learner_update_improves_objective_and_changes_weights(hopper_batches):
                             clip=CFG.clip, kl_coef=learner.kl_coef, entropy_coef=CFG.entropy_coef)
     with torch.no_grad():
         surrogate_before = float(closure())
-        vf_before = float(value_loss(learner.critic(learner.policy.features(data.obs)), data.returns, data.values, CFG.vf_clip))
+        vf_before = float(
+            value_loss(learner.critic(learner.policy.features(data.obs)), data.returns, data.values, CFG.vf_clip)
+        )
     p_before, c_before = _flat(learner.policy), _flat(learner.critic)
     before = copy.deepcopy(learner.policy)
 
@@ -307,7 +309,9 @@ def test_learner_update_improves_objective_and_changes_weights(hopper_batches):
 
     with torch.no_grad():
         surrogate_after = float(closure())
-        vf_after = float(value_loss(learner.critic(learner.policy.features(data.obs)), data.returns, data.values, CFG.vf_clip))
+        vf_after = float(
+            value_loss(learner.critic(learner.policy.features(data.obs)), data.returns, data.values, CFG.vf_clip)
+        )
     assert surrogate_after < surrogate_before
     assert vf_after < vf_before
     assert not torch.equal(p_before, _flat(learner.policy))
@@ -343,6 +347,42 @@ def test_learner_update_is_deterministic(hopper_batches):
         assert {k: v for k, v in x.items() if k != "seconds"} == pytest.approx(
             {k: v for k, v in y.items() if k != "seconds"}, nan_ok=True
         )
+
+
+def test_an_update_is_compute_gradients_then_apply_gradients_in_a_loop(hopper_batches):
+    """The seam Stellaris splits across processes: driven by hand (the update's statistics merge,
+    its seeded minibatches, one ``compute_gradients`` and one ``apply_gradients`` each), the
+    weights and Adam's state come out bit for bit as ``update`` leaves them."""
+    round1, _ = hopper_batches
+    learner, by_hand = PPOLearner(env_spec(ENV), CFG, seed=0), PPOLearner(env_spec(ENV), CFG, seed=0)
+    learner.update(round1)
+    by_hand.merge_statistics(round1)
+    data = by_hand.prepare(round1)
+    n = len(data.rewards)
+    rng = np.random.default_rng([by_hand.seed, by_hand.n_updates])
+    count = minibatch_count(n, CFG.minibatch_size, CFG.minibatches)
+    for _ in range(CFG.epochs):
+        for idx in minibatch_indices(n, count, rng):
+            gradients = by_hand.compute_gradients(data, idx)
+            assert gradients.samples == len(idx) and set(gradients.tensors) == set(by_hand.parameter_names())
+            assert by_hand.apply_gradients([gradients])
+    assert torch.equal(_flat(by_hand.policy), _flat(learner.policy))
+    assert torch.equal(_flat(by_hand.critic), _flat(learner.critic))
+    for a, b in zip(by_hand.optimizer.state.values(), learner.optimizer.state.values()):
+        assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+    assert all(p.grad is None for p in by_hand.parameter_names().values())
+
+
+def test_apply_gradients_refuses_a_non_finite_loss_and_takes_no_step(hopper_batches):
+    from nitro.learners import Gradients
+
+    learner = PPOLearner(env_spec(ENV), CFG, seed=0)
+    before = _flat(learner.policy)
+    grads = {name: torch.ones_like(p) for name, p in learner.parameter_names().items()}
+    assert not learner.apply_gradients([Gradients(grads, samples=4, loss=float("nan"))])
+    assert not learner.apply_gradients([Gradients({**grads, "policy.log_std": torch.full_like(
+        grads["policy.log_std"], float("inf"))}, samples=4, loss=1.0)])
+    assert torch.equal(before, _flat(learner.policy)) and not learner.optimizer.state
 
 
 def test_ppo_anneals_its_own_learning_rate_from_progress(hopper_batches):

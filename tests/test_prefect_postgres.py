@@ -32,7 +32,7 @@ def _postgres_installed() -> bool:
     return bool(os.environ.get("PG_BIN") or shutil.which("initdb") or glob.glob("/usr/lib/postgresql/*/bin/initdb"))
 
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.skipif(
     not _postgres_installed(),
     reason="PostgreSQL's initdb/pg_ctl are not installed (Debian/Ubuntu: apt-get install postgresql)")]
 
@@ -91,7 +91,9 @@ def test_training_runs_against_a_prefect_server_on_postgres(server_on_postgres, 
     # recorder writes them from events, so give it a moment).
     with httpx.Client(base_url=api, timeout=30) as client:
         for k in range(2):
-            runs = client.post("/flow_runs/filter", json={"flow_runs": {"name": {"any_": [f"{run_id}-round-{k}"]}}}).json()
+            runs = client.post(
+                "/flow_runs/filter", json={"flow_runs": {"name": {"any_": [f"{run_id}-round-{k}"]}}}
+            ).json()
             assert [r["state"]["type"] for r in runs] == ["COMPLETED"], runs
         body = {"task_runs": {"name": {"like_": f"actor-{run_id}-"}, "state": {"type": {"any_": ["COMPLETED"]}}}}
         deadline = time.monotonic() + 60

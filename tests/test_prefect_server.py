@@ -1,7 +1,8 @@
 """Integration test of issue 3 against a REAL local `prefect server` (temporary PREFECT_HOME).
 
-1. start `prefect server start` on a free port, create the process work pool, deploy from the repo's
-   prefect.yaml (non-interactive) and start a `prefect worker` with a failure injected in round 1;
+1. the session's Prefect stack (tests/support/stack.py): `prefect server start` on a free port, the
+   work pools and `prefect deploy --all` from the README, a `prefect worker`; the run's home holds a
+   failure planted in round 1 (tests/support/faults.py);
 2. trigger a short run through the REST API the UI uses (POST /deployments/{id}/create_flow_run);
 3. the run fails in round 1; retry it the way the UI's Retry button does (set_state to
    Scheduled/AwaitingRetry, same flow-run id); it completes;
@@ -9,7 +10,7 @@
    MLflow holds exactly one run with one value per round for each metric.
 Also: bad parameters sent through the deployment are rejected with an error naming the field.
 
-Every process started here runs in its own process group and is killed with it at teardown.
+Every server process runs in its own process group and is killed with it at teardown.
 """
 
 from __future__ import annotations
@@ -19,56 +20,30 @@ import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from nitro.metrics import ROUND_METRICS
+from nitro.tracking.metrics import ROUND_METRICS
 from tests.support import faults
-from tests.support.servers import (
-    create_flow_run,
-    deploy_leaves_no_trace,
-    flow_runs_named,
-    prefect_cli,
-    prefect_server,
-    prefect_worker,
-    wait_flow_run,
-)
+from tests.support.servers import create_flow_run, flow_runs_named, wait_flow_run
 
-pytestmark = pytest.mark.timeout(420)
+# The first test's budget includes starting the shared stack (minutes on a loaded machine).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROUNDS = 3
 FAIL_AT = 1
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """`prefect server start` on a free port with its own PREFECT_HOME; yields (api_url, env, tmp)."""
-    tmp = tmp_path_factory.mktemp("prefect-server")
-    with prefect_server(tmp) as srv:
-        yield srv.api, srv.env, tmp
-
-
-@pytest.fixture(scope="module")
-def deployment(server):
-    """Pools, `prefect deploy --all` from prefect.yaml, and a worker on `nitro-local`."""
-    api, env, tmp = server
-    prefect_cli(env, "work-pool", "create", "nitro-local", "--type", "process")
-    prefect_cli(env, "work-pool", "create", "nitro-lambda", "--type", "process")
-    with deploy_leaves_no_trace():
-        prefect_cli(env, "deploy", "--all")
-
-    with httpx.Client(base_url=api, timeout=30) as client:
-        dep = client.get("/deployments/name/nitro-train/local-actors")
-        assert dep.status_code == 200, dep.text
-        dep = dep.json()
-        assert dep["enforce_parameter_schema"] is True
-        assert all(not s["active"] for s in dep["schedules"]), "schedules must ship inactive"
-
-    log = tmp / "worker.log"
-    with prefect_worker(faults.worker_env(env, fail_at=FAIL_AT), "nitro-local", log):
-        yield api, dep, tmp, log
+def deployment(prefect_stack, tmp_path_factory):
+    """`nitro-train/local-actors` as the README deploys it; (api_url, deployment, tmp, worker log)."""
+    dep = prefect_stack.deployment("nitro-train/local-actors")
+    assert dep["enforce_parameter_schema"] is True
+    assert all(not s["active"] for s in dep["schedules"]), "schedules must ship inactive"
+    return prefect_stack.api, dep, tmp_path_factory.mktemp("prefect-server"), prefect_stack.worker_log
 
 
 def test_deployed_run_fails_retries_and_resumes(deployment):
     api, dep, tmp, log = deployment
     home = tmp / "nitro-home"
+    faults.plant(home, fail_at=FAIL_AT)
     store = tmp / "mlflow-store-not-yet-created"
     uri = f"sqlite:///{store}/mlflow.db"
     params = {
@@ -152,14 +127,16 @@ def test_bad_override_fails_the_run_with_a_message_naming_the_field(deployment):
 def test_the_minionsrl_pretrain_deployment_saves_a_scheduler_with_its_record(deployment):
     """The deployment `minionsrl-pretrain`, run as the UI's Custom run does: the scheduler file
     lands where the form said, with the record a run that deploys it will carry."""
-    from nitro.minionsrl.pretrain import load_scheduler
+    from nitro.scaling.minionsrl.pretrain import load_scheduler
 
     api, _, tmp, log = deployment
     out = tmp / "minionsrl" / "scheduler.safetensors"
     with httpx.Client(base_url=api, timeout=30) as client:
         dep = client.get("/deployments/name/nitro-minionsrl-pretrain/minionsrl-pretrain")
         assert dep.status_code == 200, dep.text
-        resp = create_flow_run(client, dep.json()["id"], {"out": str(out), "overrides": ["episodes=2", "simulator.rounds=4"]})
+        resp = create_flow_run(
+            client, dep.json()["id"], {"out": str(out), "overrides": ["episodes=2", "simulator.rounds=4"]}
+        )
         assert resp.status_code == 201, resp.text
         wait_flow_run(client, resp.json()["id"], {"COMPLETED"}, 180, log)
     record = load_scheduler(out).record

@@ -1,4 +1,4 @@
-"""The boostability probe (nitro/probe.py, flows/probe.py): the fork continues the trunk exactly,
+"""The boostability probe (nitro/experiments/probe.py, flows/probe.py): the fork continues the trunk exactly,
 the statistics against hand-worked values, spec errors, and a tiny probe through the flow (real
 Redis, local actors, Hopper-v5, a real MLflow store)."""
 
@@ -16,10 +16,10 @@ from mlflow.tracking import MlflowClient
 
 from nitro.actors.local import LocalActorPool
 from nitro.cache import TrajectoryCache, connect_redis
-from nitro.checkpoint import load_checkpoint, save_checkpoint
 from nitro.config import NitroConfig, ScalerConfig
-from nitro.engine import TrainingRun
-from nitro.probe import ProbeError, arm_config, load_probe_spec, score_at, spearman_ci, fork
+from nitro.experiments.probe import ProbeError, arm_config, fork, load_probe_spec, score_at, spearman_ci
+from nitro.run.engine import TrainingRun
+from nitro.run.rundir import RunDir
 from tests.test_engine import drive
 
 
@@ -30,35 +30,50 @@ def pool():
 
 
 def _training(redis_url: str, run_id: str, home: Path) -> TrainingRun:
-    cfg = NitroConfig.load({"steps_per_actor": 128, "home": str(home), "eval": {"every_rounds": 0},
-                            "detector": {"subset_size": 128, "enabled": True}, "scaler": {"name": "fixed", "fixed_actors": 2}})
-    return TrainingRun(cfg, run_id, TrajectoryCache(connect_redis(redis_url), run_id, ttl_s=600), actor_cache_url=redis_url)
+    cfg = NitroConfig.load(
+        {
+            "steps_per_actor": 128,
+            "home": str(home),
+            "eval": {"every_rounds": 0},
+            "detector": {"subset_size": 128, "enabled": True},
+            "scaler": {"name": "fixed", "fixed_actors": 2},
+        }
+    )
+    return TrainingRun(
+        cfg, run_id, TrajectoryCache(connect_redis(redis_url), run_id, ttl_s=600), actor_cache_url=redis_url
+    )
 
 
+@pytest.mark.slow
 def test_a_fork_continues_the_trunk_exactly(redis_url, redis_client, pool, tmp_path):
     trunk = _training(redis_url, "probe-trunk", tmp_path)
     drive(trunk, pool, 3)  # rounds 0..2
-    save_checkpoint(tmp_path, "probe-trunk", 2, trunk.state_dict())
+    RunDir(tmp_path, "probe-trunk").save(2, trunk.state_dict())
     assert trunk.open_episodes, "Hopper episodes of a random policy end within 128 steps: one is always open"
     fork(redis_client, tmp_path, "probe-trunk", "probe-arm", 3, ttl_s=600)
 
     arm = _training(redis_url, "probe-arm", tmp_path)
-    arm.load_state_dict(load_checkpoint(tmp_path, "probe-arm", 2)[1])
+    arm.load_state_dict(RunDir(tmp_path, "probe-arm").load(2)[1])
     # the arm trains on its own copies of the trunk's batches, and continues its own copies of the
     # trunk's unfinished episodes
-    assert arm.pending == trunk.pending
+    assert arm.mode.pending == trunk.mode.pending
     assert arm.open_episodes == [k.replace("nitro:probe-trunk:", "nitro:probe-arm:") for k in trunk.open_episodes]
     assert all(redis_client.exists(k) for k in arm.open_episodes)
     # round 3's update and detection are the trunk's: the same samples, losses and R
-    ua, ut = arm.update_policy(3), trunk.update_policy(3)
+    ua, ut = arm.mode.update(3), trunk.mode.update(3)
     assert ua.samples == ut.samples == 256
     assert ua.diagnostics["policy_loss"] == pytest.approx(ut.diagnostics["policy_loss"], rel=1e-6)
-    assert arm.detect_boosting(3, ua).R == pytest.approx(trunk.detect_boosting(3, ut).R, rel=1e-6)
+    arm_r = arm.detect_boosting(3, ua).R
+    assert arm_r == pytest.approx(trunk.detect_boosting(3, ut).R, rel=1e-6)
 
-    # once the trunk has run round 3 (which deletes round 2's entries), it can no longer be forked there
+    # the trunk's round 3 leaves round 2's entries in place (a resume from checkpoint 2 needs them);
+    # once they are gone (checkpoint_run deletes them when checkpoint 4 is durable) it can no
+    # longer be forked there
     decision = trunk.decide_actors(3, None, ut, time.perf_counter())
     events = trunk.plan_invocations(3, decision, trunk.publish_weights(3))
     trunk.end_round(3, ut, None, decision, pool.invoke_many(events), actor_s=0.0, elapsed_s=1.0)
+    fork(redis_client, tmp_path, "probe-trunk", "probe-still", 3, ttl_s=600)
+    trunk.cache.delete_round(2)
     with pytest.raises(ProbeError, match="are gone"):
         fork(redis_client, tmp_path, "probe-trunk", "probe-late", 3, ttl_s=600)
     with pytest.raises(ProbeError, match="no checkpoint of round 6"):
@@ -110,8 +125,12 @@ def test_example_probe_spec_is_valid():
     assert boost.model_dump(exclude={"scaler"}) == plain.model_dump(exclude={"scaler"})
 
 
+@pytest.mark.slow
 def test_tiny_probe_through_the_flow(prefect_api, tmp_path, redis_url):
+    import json
+
     from flows.probe import probe
+    from nitro.experiments.probe import read_branches
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     spec = {
@@ -131,13 +150,15 @@ def test_tiny_probe_through_the_flow(prefect_api, tmp_path, redis_url):
         assert r["hessian_R"] == r["hessian_R_boost_arm"] and math.isfinite(r["hessian_R"])  # one update, forked
         assert math.isfinite(r["gain"]) and r["gain"] == r["eval_boost"] - r["eval_plain"]
         # the boost's extra invocations are billed (requests; the learner's wall time is too noisy to compare)
-        boost = load_checkpoint(tmp_path / "home", r["boost_run"])[1]["history"]
-        plain = load_checkpoint(tmp_path / "home", r["plain_run"])[1]["history"]
-        at_k = [(b["spend_requests_usd"], p["spend_requests_usd"]) for b, p in zip(boost, plain) if b["round"] == r["round"]]
+        boost = RunDir(tmp_path / "home", r["boost_run"]).load()[1]["history"]
+        plain = RunDir(tmp_path / "home", r["plain_run"]).load()[1]["history"]
+        at_k = [
+            (b["spend_requests_usd"], p["spend_requests_usd"]) for b, p in zip(boost, plain) if b["round"] == r["round"]
+        ]
         assert len(at_k) == 1 and at_k[0][0] > at_k[0][1]
     # the plain arm of round 2 and the trunk made the same decisions up to round 2: same R at round 2
-    trunk = load_checkpoint(tmp_path / "home", "tiny-probe-s0-trunk")[1]["history"]
-    plain = load_checkpoint(tmp_path / "home", "tiny-probe-s0-k002-plain")[1]["history"]
+    trunk = RunDir(tmp_path / "home", "tiny-probe-s0-trunk").load()[1]["history"]
+    plain = RunDir(tmp_path / "home", "tiny-probe-s0-k002-plain").load()[1]["history"]
     assert [h["hessian_R"] for h in plain if h["round"] == 2] == [h["hessian_R"] for h in trunk if h["round"] == 2]
 
     client = MlflowClient(tracking_uri=uri)
@@ -151,6 +172,9 @@ def test_tiny_probe_through_the_flow(prefect_api, tmp_path, redis_url):
     names = {p.name for p in out.iterdir()}
     assert {"README.md", "branches.csv", "probe.json", "gain-vs-R.png", "gain-vs-score.png", "trunk-R.png"} <= names
     assert "Spearman" in (out / "README.md").read_text()
+    # the per-branch rows are in branches.csv alone, and read back as the probe computed them
+    assert "rows" not in json.loads((out / "probe.json").read_text())
+    assert [(r["round"], r["gain"]) for r in read_branches(out)] == [(r["round"], r["gain"]) for r in rows]
     assert "report/README.md" in {a.path for a in client.list_artifacts(result["parent_run_id"], "report")}
 
     # re-running finds every run finished: nothing new in MLflow, the same rows

@@ -22,11 +22,11 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from nitro.checkpoint import load_checkpoint
-from nitro.runtime import ROUND_OBSERVERS, get_run
+from nitro.run.rundir import RunDir
+from nitro.run.runtime import ROUND_OBSERVERS, get_run
 from nitro.serialization import dumps_tensors, loads_tensors
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 STEPS, ACTORS = 64, 8
 
@@ -87,7 +87,7 @@ def _plant_after_round(k: int, planted: dict[str, str]):
         if report.round != k:
             return
         trainer = get_run(run_id).training
-        for inv, (breaks, reason) in zip(sorted(trainer.pending), PLANTS):
+        for inv, (breaks, reason) in zip(sorted(trainer.mode.pending), PLANTS):
             arrays, meta = loads_tensors(trainer.cache.get_batch(k, inv))
             arrays = {key: v.copy() for key, v in arrays.items()}
             breaks(arrays)
@@ -128,7 +128,7 @@ def test_bad_batches_planted_mid_run_are_dropped_and_the_run_finishes(prefect_ap
         assert reason in tags[f"nitro.corrupt.{inv}"], (inv, tags.get(f"nitro.corrupt.{inv}"))
         assert any(inv in line and reason in line and "\n" not in line for line in lines.lines), inv
     # the policy, its normaliser and the critic stay finite
-    _, state = load_checkpoint(tmp_path, "bad-batches")
+    _, state = RunDir(tmp_path, "bad-batches").load()
     tensors = state["learner"]["tensors"]
     assert "policy.obs_norm.mean" in tensors
     assert all(torch.isfinite(torch.as_tensor(v)).all() for v in tensors.values())
@@ -181,9 +181,12 @@ def _huge_rewards(b):
     b["rewards"][:] = 1e30
 
 
-ABSURD = [(_huge_obs, "obs[7, 2] = 1e+30 is outside its stated bound"), (_huge_negative_logp, "logp disagrees with policy version 0"),
-          (_huge_actions, "actions[0, 0] = 1e+30 is outside its stated bound"),
-          (_huge_rewards, "rewards[0] = 1e+30 is outside its stated bound")]
+ABSURD = [
+    (_huge_obs, "obs[7, 2] = 1e+30 is outside its stated bound"),
+    (_huge_negative_logp, "logp disagrees with policy version 0"),
+    (_huge_actions, "actions[0, 0] = 1e+30 is outside its stated bound"),
+    (_huge_rewards, "rewards[0] = 1e+30 is outside its stated bound"),
+]
 
 
 def _plant_beside(k: int, planted: dict[str, str]):
@@ -194,14 +197,14 @@ def _plant_beside(k: int, planted: dict[str, str]):
         if report.round != k:
             return
         trainer = get_run(run_id).training
-        source = sorted(trainer.pending)[0]
+        source = sorted(trainer.mode.pending)[0]
         for i, (breaks, reason) in enumerate(ABSURD):
             arrays, meta = loads_tensors(trainer.cache.get_batch(k, source))
             arrays = {key: v.copy() for key, v in arrays.items()}
             breaks(arrays)
             inv = f"{run_id}-r{k:05d}-absurd{i}"
             trainer.cache.put_batch(k, inv, dumps_tensors(arrays, {**meta, "invocation_id": inv}))
-            trainer.pending.append(inv)
+            trainer.mode.pending.append(inv)
             planted[inv] = reason
 
     return plant
@@ -225,8 +228,8 @@ def test_absurd_batches_are_refused_and_the_normaliser_ends_as_without_them(clea
         assert reason in tags[f"nitro.corrupt.{inv}"], (inv, tags.get(f"nitro.corrupt.{inv}"))
     # the statistics, and the policy they normalise for, are those of the same run without the absurd batches
     clean_home, _ = clean_run
-    absurd = load_checkpoint(tmp_path, "absurd")[1]["learner"]["tensors"]
-    clean = load_checkpoint(clean_home, "every-batch")[1]["learner"]["tensors"]
+    absurd = RunDir(tmp_path, "absurd").load()[1]["learner"]["tensors"]
+    clean = RunDir(clean_home, "every-batch").load()[1]["learner"]["tensors"]
     for name in ("policy.obs_norm.mean", "policy.obs_norm.var", "policy.obs_norm.count"):
         assert torch.allclose(torch.as_tensor(absurd[name]), torch.as_tensor(clean[name]), rtol=1e-6, atol=1e-9), name
     assert float(torch.as_tensor(absurd["policy.obs_norm.var"]).max()) < 1e3

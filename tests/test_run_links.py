@@ -20,6 +20,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.support.servers import REPO, base_env, free_port, kill_group, spawn, tail, wait_until
+from tests.support.templates import nitro_home, prefect_home
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -37,9 +38,11 @@ def _assignments_and_argv(command: str) -> tuple[dict[str, str], list[str]]:
     return env, words
 
 
+@pytest.mark.slow
 def test_the_printed_prefect_hint_serves_the_finished_flow_run(tmp_path: Path):
-    home = tmp_path / "home"
-    env = dict(base_env(), PREFECT_HOME=str(tmp_path / "prefect"))  # no PREFECT_API_URL: a temporary server
+    home = nitro_home(tmp_path / "home")
+    # no PREFECT_API_URL: a temporary server
+    env = dict(base_env(), PREFECT_HOME=str(prefect_home(tmp_path / "prefect")))
     done = subprocess.run(
         [sys.executable, "-m", "cli.main", "train", "rounds=2", "steps_per_actor=64", "scaler.name=fixed",
          "scaler.fixed_actors=2", "backend.workers=2", "detector.subset_size=64", "eval.every_rounds=0",

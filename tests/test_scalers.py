@@ -7,13 +7,12 @@ import math
 from decimal import Decimal
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from nitro.budget import LearnerBound, decision_cost
 from nitro.config import PriceTable, ScalerConfig
-from nitro.cost import CostLedger
-from nitro.scalers import (
+from nitro.pricing.cost import CostLedger
+from nitro.scaling.budget import LearnerBound, decision_cost
+from nitro.scaling.scalers import (
     SCALERS,
     NitroScaler,
     RandomScaler,
@@ -35,12 +34,15 @@ def scaler_config(name: str, **fields) -> ScalerConfig:
             import tempfile
             from pathlib import Path
 
-            from nitro.minionsrl.config import PretrainConfig
-            from nitro.minionsrl.pretrain import pretrain, save_scheduler
+            from nitro.config.minionsrl import PretrainConfig
+            from nitro.scaling.minionsrl.pretrain import pretrain, save_scheduler
 
             scheduler, _ = pretrain(PretrainConfig(episodes=1, simulator={"rounds": 2}))
             _SCHEDULER_FILE.append(str(save_scheduler(Path(tempfile.mkdtemp()) / "minionsrl.safetensors", scheduler)))
         fields["minionsrl"] = {"path": _SCHEDULER_FILE[0]}
+    if name == "replay":  # another run's counts, within this config's bounds
+        lo = fields.get("i_min", 8)
+        fields["replay_actors"] = [lo, fields.get("i_max", 64), lo, lo + (fields.get("i_max", 64) - lo) // 2]
     return ScalerConfig(name=name, **fields)
 
 
@@ -135,6 +137,22 @@ def test_random_matches_expected_spend():
     assert make_scaler(ScalerConfig(name="random", random_boost_prob=0.5), 0).p == 0.5
 
 
+def test_replay_plays_the_recorded_counts_in_a_shuffled_order_block_by_block():
+    counts = [8, 8, 8, 16, 24, 32, 64]
+    cfg = ScalerConfig(name="replay", replay_actors=counts)
+    s = make_scaler(cfg, seed=4)
+    played = [s.decide(k, RoundSignal()) for k in range(3 * len(counts))]
+    for block in range(3):  # every block of L rounds plays the same counts, each block in its own order
+        assert sorted(played[block * len(counts):(block + 1) * len(counts)]) == sorted(counts)
+    assert played[:7] != counts and played[:7] != played[7:14]  # shuffled (fixed seed: not by chance equal)
+    again = make_scaler(cfg, seed=4)
+    assert [again.decide(k, RoundSignal()) for k in range(len(played))] == played  # per (seed, round)
+    assert make_scaler(cfg, seed=5).decide(0, RoundSignal()) in counts
+    assert s.last["replayed_round"] in range(len(counts))
+    with pytest.raises(ValueError, match="replay_actors"):
+        make_scaler(ScalerConfig(name="replay"), 0)
+
+
 @pytest.mark.parametrize("name", sorted(SCALERS))
 def test_state_dict_round_trip(name):
     cfg = scaler_config(name, window=3)
@@ -196,6 +214,7 @@ money = st.decimals(min_value=Decimal("0"), max_value=Decimal("0.0001"), places=
     stop_below_i_min=st.booleans(),
     seed=st.integers(0, 2**16),
 )
+@pytest.mark.slow
 def test_budget_is_never_exceeded(data, name, learner_per_hour, gb_s, per_million, prov, prov_dur, memory_mb, arch,
                                   provisioned, timeout_ms, parallel, steps, eval_invocations, budget, rounds, i_min,
                                   i_span, stop_below_i_min, seed):
@@ -223,14 +242,17 @@ def test_budget_is_never_exceeded(data, name, learner_per_hour, gb_s, per_millio
     # to pay even for that cannot be held by any cap (the run stops at its first decision).
     before_decision = data.draw(st.floats(0, 0.5), label="round 0 before its decision (s)")
     assume(ledger.learner_cost(before_decision) + ledger.provisioned_cost(before_decision) <= budget)
+    invocations = lambda n: n + eval_invocations if n else 0  # noqa: E731
     for k in range(rounds):
         R = data.draw(st.one_of(st.none(), st.just(NAN), st.floats(-5, 5)), label="R")
         gns = data.draw(st.one_of(st.none(), st.floats(0, 1e6)), label="gns")
         wanted = scaler.decide(k, RoundSignal(R=R, grad_noise_scale=gns))
         if name != "fixed":
             assert cfg.i_min <= wanted <= cfg.i_max
-        invocations = lambda n: n + eval_invocations if n else 0  # noqa: E731
-        cost = lambda n: decision_cost(ledger, bound, before_decision, invocations(n), n * steps)  # noqa: E731
+
+        def cost(n: int, spent_s: float = before_decision) -> Decimal:  # the default binds this round's time
+            return decision_cost(ledger, bound, spent_s, invocations(n), n * steps)
+
         remaining = ledger.remaining(budget)
         n = largest_affordable(wanted, remaining, cost, min_actors=min_actors)
         assert 0 <= n <= wanted

@@ -32,13 +32,15 @@ def test_truncated_bytes_give_a_clear_error(cut):
 
 def test_corrupt_header_and_wrong_format():
     data = bytearray(dumps_tensors({"x": np.ones(4, np.float32)}, {"format": "nitro.policy/1"}))
-    with pytest.raises(SerializationError, match="expected a 'nitro.batch/1' payload"):
+    with pytest.raises(SerializationError, match=r"expected a 'nitro\.batch/1' payload"):
         loads_tensors(bytes(data), expect_format="nitro.batch/1")
     data[10] = 0xFF  # inside the JSON header
     with pytest.raises(SerializationError):
         loads_tensors(bytes(data))
     with pytest.raises(SerializationError):
-        loads_tensors(b"\x10\x00\x00\x00\x00\x00\x00\x00" + b'{"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}')
+        loads_tensors(
+            b"\x10\x00\x00\x00\x00\x00\x00\x00" + b'{"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}'
+        )
 
 
 def test_object_arrays_are_refused():

@@ -1,7 +1,8 @@
 """Stellaris's parts against independent answers: the truncation against a literal loop over the
-versions, the parameter server's steps against Adam by hand, the door a gradient passes, and a
-gradient computed in a learner function (a real worker process, through Redis) against the same
-gradient computed here."""
+versions, the parameter server's group step against Adam by hand (one step and one version per
+group), the door a gradient passes, a gradient computed in a learner function (a real worker
+process, through Redis) against the same gradient computed here, and a killed round's bill (only
+the gradient jobs that ran)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from nitro.config import NitroConfig
+from nitro.actors.rollout import rollout
+from nitro.config import NitroConfig, PriceTable
 from nitro.envs import env_spec
+from nitro.learners.gradients import parameter_names
 from nitro.learners.ppo import PPOLearner
+from nitro.learners.truncation import truncated_ratio
 from nitro.models import Architecture, build_critic, build_policy
-from nitro.rollout import rollout
 from nitro.serialization import dumps_tensors, loads_tensors
-from nitro.stellaris.gradient import LossSettings, gradient_names, slice_gradient, slice_rows
-from nitro.stellaris.truncation import truncated_ratio
+from nitro.stellaris.gradient import LossSettings, slice_gradient, slice_rows
 from nitro.stellaris.wire import GradientError, check_gradient, gradient_payload, load_snapshot, snapshot_payload
 
 ARCH = Architecture(hidden=(16, 16))
@@ -64,7 +66,7 @@ def _batch(spec, policy, seed=0, steps=64):
 def test_gradient_door_drops_each_kind_of_bad_gradient():
     spec = env_spec("Pendulum-v1")
     policy, critic = build_policy(spec, 0, ARCH), build_critic(spec, 0, ARCH)
-    expected = {n: p.shape for n, p in gradient_names(policy, critic).items()}
+    expected = {n: p.shape for n, p in parameter_names(policy, critic).items()}
     good = {n: torch.ones(s) for n, s in expected.items()}
     ok = check_gradient(gradient_payload(good, invocation_id="g1", snapshot_version=3, metrics={"loss": 1.0}),
                         expected=expected, invocation_id="g1", snapshot_version=3)
@@ -89,7 +91,8 @@ def test_gradient_door_drops_each_kind_of_bad_gradient():
 def test_snapshot_round_trip_keeps_networks_and_settings():
     spec = env_spec("Pendulum-v1")
     policy, critic = build_policy(spec, 1, ARCH), build_critic(spec, 1, ARCH)
-    snap = load_snapshot(snapshot_payload(policy, critic, env_id=spec.env_id, version=7, arch=ARCH, settings=SETTINGS), spec)
+    payload = snapshot_payload(policy, critic, env_id=spec.env_id, version=7, arch=ARCH, settings=SETTINGS)
+    snap = load_snapshot(payload, spec)
     assert snap.version == 7 and snap.settings == SETTINGS
     obs = torch.randn(5, *spec.obs_shape)
     assert torch.equal(snap.policy.distribution(obs).mean, policy.distribution(obs).mean)
@@ -113,16 +116,17 @@ def gradient_job_and_expected(redis_url, redis_client, run_id: str):
         for p in live.parameters():
             p.add_(0.03 * torch.randn_like(p))
     cache = TrajectoryCache(redis_client, run_id, ttl_s=600)
-    snap_key, live_key = snapshot_key(cache, 1, 4), snapshot_key(cache, 1, 5)
-    redis_client.set(snap_key, snapshot_payload(policy, critic, env_id=spec.env_id, version=4, arch=ARCH, settings=SETTINGS))
-    redis_client.set(live_key, snapshot_payload(live, critic, env_id=spec.env_id, version=5, arch=ARCH, settings=SETTINGS))
-    weights_key = cache.publish_weights(1, dumps_tensors(behaviour.state_dict(), {"format": "nitro.policy/1", "env_id": spec.env_id,
-                                                                                   "version": 1, "arch": ARCH.to_meta()}))
+    snap_key, live_key = snapshot_key(cache, 1, "a1", 4), snapshot_key(cache, 1, "a1", 5)
+    for key, net, version in ((snap_key, policy, 4), (live_key, live, 5)):
+        redis_client.set(key, snapshot_payload(net, critic, env_id=spec.env_id, version=version, arch=ARCH,
+                                               settings=SETTINGS))
+    meta = {"format": "nitro.policy/1", "env_id": spec.env_id, "version": 1, "arch": ARCH.to_meta()}
+    weights_key = cache.publish_weights(1, dumps_tensors(behaviour.state_dict(), meta))
     batch_key, _ = cache.put_batch(1, f"{run_id}-r00001-0000", dumps_tensors(batch, {"format": "nitro.batch/1"}))
-    job = GradientJob(run_id=run_id, round=1, invocation_id=f"{run_id}-r00001-g00000", job=0, env_id=spec.env_id,
+    job = GradientJob(run_id=run_id, round=1, invocation_id=f"{run_id}-r00001-a1-g00000", job=0, env_id=spec.env_id,
                       snapshot_key=snap_key, snapshot_version=4, behaviour_key=weights_key, live_keys=[live_key],
-                      actor_id=f"{run_id}-r00001-0000", batch_key=batch_key, seed=11, epoch=2, slice=1, slice_samples=40,
-                      cache_url=redis_url)
+                      actor_id=f"{run_id}-r00001-0000", batch_key=batch_key, seed=11, epoch=2, slice=1,
+                      slice_samples=40, cache_url=redis_url)
     rows = slice_rows(96, 40, seed=11, epoch=2, index=1)
     want, metrics = slice_gradient(policy, critic, behaviour, [live], batch, rows, SETTINGS)
     assert 0.0 < metrics["truncated_frac"] < 1.0  # the live version truncates some of the slice's ratios
@@ -136,6 +140,8 @@ def assert_function_gradient(summary, redis_client, job, want) -> None:
 
     assert summary.ok, summary.error
     assert summary.steps == 40
+    assert set(summary.profile) == {"fetch_s", "decode_s", "compute_s", "write_s"}
+    assert all(v > 0 for v in summary.profile.values())
     assert summary.batch_key == gradient_key(TrajectoryCache(redis_client, job.run_id), 1, job.invocation_id)
     got, _ = loads_tensors(redis_client.get(summary.batch_key))
     assert set(got) == set(want)
@@ -154,35 +160,116 @@ def test_function_gradient_equals_in_process_gradient(redis_url, redis_client):
     assert_function_gradient(summary, redis_client, job, want)
 
 
-def test_parameter_server_steps_match_adam_by_hand(redis_client):
-    """Sequential: each gradient its own Adam step at lr * s^(-1/3); weighted mean: one step on the
-    weighted mean. Checked against torch's Adam driven by hand on a copy."""
+def test_parameter_server_takes_one_step_per_group_on_the_weighted_mean(redis_client):
+    """A group of two gradients (32 samples fresh, 96 samples at staleness 8: weight 8^(-1/3) =
+    0.5) is one Adam step on (32 g0 + 96 * 0.5 g1) / (32 + 48) at lr * (32 + 48) / 128, driven by
+    hand on a copy; each group is one version and one step, an empty group a version and no step."""
     from nitro.cache import TrajectoryCache
+    from nitro.learners import Progress
     from nitro.stellaris.server import Landed, ParameterServer
     from nitro.stellaris.wire import Gradient
 
     cfg = NitroConfig.load({"env_id": "Pendulum-v1", "model": {"hidden": [8]}, "learner": {"mode": "stellaris"}})
     spec = env_spec("Pendulum-v1")
-    for apply in ("sequential", "weighted_mean"):
-        learner = PPOLearner(spec, cfg.ppo, seed=0, arch=cfg.model.architecture())
-        reference = copy.deepcopy(learner)
-        server = ParameterServer(learner, cfg.learner.model_copy(update={"apply": apply}), TrajectoryCache(redis_client, "ps"))
-        names = list(server.named)
-        grads = [{n: torch.full_like(p, 0.1 * (i + 1)) for n, p in server.named.items()} for i in range(2)]
-        landed = [Landed(Gradient(f"g{i}", 0, g, {}), staleness=s) for i, (g, s) in enumerate(zip(grads, (0, 8)))]
-        assert server.apply(landed) == (2 if apply == "sequential" else 1)
-        assert server.version == 1
-        ref_named = dict(zip(names, [*[p for p in reference.policy.parameters() if p.requires_grad], *reference.critic.parameters()]))
-        opt, lr = reference.optimizer, cfg.ppo.lr
-        steps = [(grads[0], 1.0), (grads[1], 8 ** (-1 / 3))] if apply == "sequential" else \
-            [({n: (grads[0][n] + 0.5 * grads[1][n]) / 1.5 for n in names}, 1.0)]
-        for g, factor in steps:
-            for n, p in ref_named.items():
-                p.grad = g[n].clone()
-            torch.nn.utils.clip_grad_norm_([p for n, p in ref_named.items() if n.startswith("policy.")], cfg.ppo.max_grad_norm)
-            torch.nn.utils.clip_grad_norm_([p for n, p in ref_named.items() if n.startswith("critic.")], cfg.ppo.max_grad_norm)
-            opt.param_groups[0]["lr"] = lr * factor
-            opt.step()
-            opt.param_groups[0]["lr"] = lr
-        for n, p in server.named.items():
-            torch.testing.assert_close(p, ref_named[n], rtol=0, atol=1e-7)
+    learner = PPOLearner(spec, cfg.ppo, seed=0, arch=cfg.model.architecture())
+    reference = copy.deepcopy(learner)
+    server = ParameterServer(learner, cfg.learner, TrajectoryCache(redis_client, "ps"))
+    named = learner.parameter_names()
+    g0 = {n: torch.full_like(p, 0.1) for n, p in named.items()}
+    g1 = {n: torch.full_like(p, -0.3) for n, p in named.items()}
+    landed = [Landed(Gradient("g0", 0, g0, {"samples": 32.0, "loss": 1.0}), staleness=0),
+              Landed(Gradient("g1", 0, g1, {"samples": 96.0, "loss": 1.0}), staleness=8)]
+    assert server.apply(landed, Progress(1, 10)) == 1
+    assert server.version == 1
+
+    ref_named = reference.parameter_names()
+    for n, p in ref_named.items():
+        p.grad = (32 * g0[n] + 96 * 0.5 * g1[n]) / 80.0
+    torch.nn.utils.clip_grad_norm_([p for n, p in ref_named.items() if n.startswith("policy.")], cfg.ppo.max_grad_norm)
+    torch.nn.utils.clip_grad_norm_([p for n, p in ref_named.items() if n.startswith("critic.")], cfg.ppo.max_grad_norm)
+    reference.optimizer.param_groups[0]["lr"] = cfg.ppo.lr * 80.0 / 128.0
+    reference.optimizer.step()
+    for n, p in named.items():
+        torch.testing.assert_close(p, ref_named[n], rtol=0, atol=1e-7)
+        assert p.grad is None
+    assert learner.optimizer.param_groups[0]["lr"] == cfg.ppo.lr  # the factor lasts one step
+
+    # three more groups of 1, 3 and 0 gradients: three versions, two Adam steps
+    for group in ([landed[0]], [*landed, landed[0]], []):
+        server.apply(group, Progress(1, 10))
+    assert server.version == 4
+    assert {int(s["step"]) for s in learner.optimizer.state.values()} == {3}
+
+
+def test_weighted_mean_by_samples_and_weights_by_hand():
+    from nitro.learners.gradients import Gradients, weighted_mean
+
+    a = Gradients({"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([4.0])}, samples=10, loss=0.0)
+    b = Gradients({"w": torch.tensor([3.0, -2.0])}, samples=30, loss=0.0)  # reached no "b"
+    mean, factor = weighted_mean([a, b], [1.0, 0.5])
+    # masses 10 and 15: w = (10 [1, 2] + 15 [3, -2]) / 25, b = 10 * 4 / 25; factor 25 / 40
+    assert mean["w"].tolist() == pytest.approx([55 / 25, -10 / 25])
+    assert mean["b"].tolist() == pytest.approx([40 / 25])
+    assert factor == pytest.approx(25 / 40)
+    alone, one = weighted_mean([a], [1.0])
+    assert one == 1.0 and alone["w"] is a.tensors["w"]  # one gradient at weight 1 is applied as it is
+
+
+def test_a_killed_round_bills_only_the_gradient_jobs_that_ran(redis_client, tmp_path):
+    """Two actors (one answered, one lost: its timeout) and three gradient jobs of a dead attempt:
+    one answered, one started and lost (its timeout), one never started (nothing)."""
+    from nitro.actors.events import ActorSummary
+    from nitro.cache import TrajectoryCache
+    from nitro.pricing.cost import CostLedger
+    from nitro.run.interrupted import bill_interrupted_round
+    from nitro.run.rundir import RunDir
+
+    cache, run_dir = TrajectoryCache(redis_client, "bill-jobs"), RunDir(tmp_path, "bill-jobs")
+    actors, jobs = ["a0", "a1"], ["g0", "g1", "g2"]
+    attempt = run_dir.save_inflight(1, actors)
+    assert run_dir.save_inflight(1, actors, attempt=attempt, if_started=jobs) == attempt
+    for inv, ms in (("a0", 1200), ("g0", 40)):
+        cache.put_summary(1, inv, ActorSummary(invocation_id=inv, ok=True, billed_ms=ms).model_dump_json())
+    cache.mark_started(1, "g0")
+    cache.mark_started(1, "g1")
+    ledger = CostLedger(PriceTable(), max_billed_ms=5000)
+    assert bill_interrupted_round(run_dir, 1, cache, ledger) == 4
+    (entry,) = ledger.rounds
+    assert entry.interrupted and entry.n_requests == 4 and entry.attempt == attempt
+    assert entry.billed_ms == 1200 + 5000 + 40 + 5000  # a0, a1 lost, g0, g1 started and lost
+    assert bill_interrupted_round(run_dir, 1, cache, ledger) == 0  # the attempt is billed once
+
+
+def test_two_attempts_at_a_round_share_no_snapshot_or_gradient_key(redis_client, redis_url):
+    """A resumed attempt plans the round's jobs again (the same schedule, from the seed), under
+    keys of its own: it never reads a snapshot or a gradient the dead attempt wrote."""
+    from nitro.actors.events import ActorEvent
+    from nitro.cache import TrajectoryCache
+    from nitro.learners.behaviour import BehaviourPolicies
+    from nitro.stellaris.jobs import gradient_key
+    from nitro.stellaris.round import StellarisLearning
+    from nitro.validation import bounds_for
+
+    cfg = NitroConfig.load({"env_id": "CartPole-v1", "model": {"hidden": [8]}, "steps_per_actor": 64,
+                            "learner": {"mode": "stellaris", "slice_samples": 32}})
+    spec = env_spec("CartPole-v1")
+    learner = PPOLearner(spec, cfg.ppo, seed=0, arch=cfg.model.architecture())
+    cache = TrajectoryCache(redis_client, "attempts")
+    learning = StellarisLearning(cfg, learner, cache, "attempts", BehaviourPolicies(spec, ARCH, atol=1e-5, rtol=1e-5),
+                                 bounds_for(spec, cfg.door))
+    events = [ActorEvent(run_id="attempts", round=1, invocation_id=f"attempts-r00001-{i:04d}", weights_key="w",
+                         env_id=spec.env_id, seed=i, n_steps=64, cache_url=redis_url) for i in range(2)]
+    checkpoint = learning.state_dict()  # what the resumed attempt starts from
+    dead = learning.plan(1, events, "w", redis_url, {}, "dead0a")
+    learning.load_state_dict(checkpoint)
+    resumed = learning.plan(1, events, "w", redis_url, {}, "live1b")
+    assert dead.schedule == resumed.schedule and len(dead.jobs) == len(resumed.jobs) == 2 * 2 * cfg.ppo.epochs
+
+    def keys(plan) -> set[str]:
+        return {k for j in plan.jobs
+                for k in (j.invocation_id, j.snapshot_key, *j.live_keys, gradient_key(cache, 1, j.invocation_id))}
+
+    assert keys(dead) and not keys(dead) & keys(resumed)
+    assert all("dead0a" in k for k in keys(dead)) and all("live1b" in k for k in keys(resumed))
+    for plan in (dead, resumed):  # each attempt published its own first version
+        assert redis_client.exists(plan.jobs[0].snapshot_key)

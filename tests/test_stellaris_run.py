@@ -10,11 +10,11 @@ import asyncio
 import pytest
 from mlflow.tracking import MlflowClient
 
-from nitro.checkpoint import checkpoint_dir, load_checkpoint
+from nitro.run.rundir import RunDir
 from tests.support.lambda_invoke_server import FunctionSpec, InvokeServer
-from tests.test_cli_lifecycle import _finish, _inflight_round, _kill_mid_round_1, _nitro
+from tests.test_cli_lifecycle import _finish, _kill_mid_round_1, _nitro, _wait_for
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SMALL = ["env_id=CartPole-v1", "steps_per_actor=64", "scaler.name=fixed", "scaler.fixed_actors=2",
          "model.hidden=[16,16]", "learner.mode=stellaris", "learner.slice_samples=32", "learner.epochs=2",
@@ -29,10 +29,22 @@ def _train(tmp_path, run_id, redis_url, *extra, backend="local", rounds=3):
         *SMALL, f"home={tmp_path}/home-{run_id}", f"tracking.mlflow_uri={uri}", f"redis.url={redis_url}", *extra],
         run_id=run_id))
     client = MlflowClient(tracking_uri=uri)
-    history = {name: [m.value for m in sorted(client.get_metric_history(result.mlflow_run_id, name), key=lambda m: m.step)]
-               for name in ("train_return_mean", "ppo/stellaris_staleness_mean", "ppo/stellaris_gradients",
-                            "ppo/stellaris_gradients_lost", "ppo/stellaris_version", "ppo/sgd_steps",
-                            "spend_requests_usd", "actors_launched", "round_lambda_s")}
+    history = {
+        name: [m.value for m in sorted(client.get_metric_history(result.mlflow_run_id, name), key=lambda m: m.step)]
+        for name in (
+            "train_return_mean",
+            "ppo/stellaris_staleness_mean",
+            "ppo/stellaris_gradients",
+            "ppo/stellaris_gradients_lost",
+            "ppo/stellaris_version",
+            "ppo/stellaris_versions",
+            "ppo/stellaris_job_compute_s",
+            "ppo/sgd_steps",
+            "spend_requests_usd",
+            "actors_launched",
+            "round_lambda_s",
+        )
+    }
     return result, client.get_run(result.mlflow_run_id), history
 
 
@@ -41,12 +53,18 @@ def test_a_stellaris_run_repeats_exactly_and_bills_its_functions(prefect_api, re
     _, _, second = _train(tmp_path, "stellaris-b", redis_url)
     projected = first.pop("round_lambda_s"), second.pop("round_lambda_s")  # measured durations: they differ
     assert all(s > 0 for s in projected[0] + projected[1])
+    profiled = first.pop("ppo/stellaris_job_compute_s"), second.pop("ppo/stellaris_job_compute_s")  # measured too
+    assert len(profiled[0]) == 3 and all(s > 0 for s in profiled[0] + profiled[1])
     assert first == second  # the seeded schedule: same staleness, same gradients, same returns
     assert all(r > 0 for r in first["train_return_mean"])  # whole CartPole episodes
     jobs = 2 * 2 * 2  # actors x slices (64 / 32) x epochs
     assert first["ppo/stellaris_gradients"] == [jobs] * 3
     assert first["ppo/stellaris_gradients_lost"] == [0.0] * 3
     assert first["ppo/stellaris_version"][-1] >= 3  # versions advance inside every round
+    # one Adam step and one published version per group the trigger collected (a fresh gradient
+    # is a group of its own), not one step per gradient
+    assert first["ppo/sgd_steps"] == first["ppo/stellaris_versions"]
+    assert all(1 <= v <= jobs for v in first["ppo/stellaris_versions"])
     assert any(s > 0 for s in first["ppo/stellaris_staleness_mean"])  # two lanes: some gradients are stale
     # every actor and every learner function is one request
     assert first["spend_requests_usd"] == pytest.approx([(2 + jobs) * 0.2e-6] * 3)
@@ -55,29 +73,51 @@ def test_a_stellaris_run_repeats_exactly_and_bills_its_functions(prefect_api, re
 
 
 def test_a_stellaris_run_through_the_lambda_invoke_api(prefect_api, redis_url, tmp_path, monkeypatch):
-    for var, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    for var, value in aws.items():
         monkeypatch.setenv(var, value)
     with InvokeServer([FunctionSpec("nitro-actor", concurrency=4, timeout_s=60)]) as server:
-        result, _, history = _train(tmp_path, "stellaris-lambda", redis_url, f"backend.lambda.endpoint_url={server.url}",
-                                    "backend.lambda.concurrency=4", "backend.lambda.function_timeout_s=60",
-                                    backend="lambda", rounds=2)
+        result, _, history = _train(
+            tmp_path,
+            "stellaris-lambda",
+            redis_url,
+            f"backend.lambda.endpoint_url={server.url}",
+            "backend.lambda.concurrency=4",
+            "backend.lambda.function_timeout_s=60",
+            backend="lambda",
+            rounds=2,
+        )
     assert result.rounds_done == 2
     assert history["ppo/stellaris_gradients"] == [8.0, 8.0] and history["ppo/stellaris_gradients_lost"] == [0.0, 0.0]
 
 
-def test_a_killed_stellaris_run_resumes_and_bills_the_dead_round_once(tmp_path):
+def test_a_killed_stellaris_run_resumes_and_bills_the_dead_round_once(tmp_path, prefect_api):
+    """Killed once round 1's gradient jobs are recorded in flight (as the first may start): the
+    resumed run bills round 1's actors and only the jobs that ran, and plans its own attempt at
+    round 1, whose jobs and snapshots are keyed apart from the dead attempt's."""
     home, run_id = tmp_path / "home", "stellaris-killed"
     args = [*SMALL, "rounds=3", "backend.workers=2", "round_deadline_s=20", f"home={home}"]
-    _kill_mid_round_1(_nitro(tmp_path, "train", "--run-id", run_id, *args), home, run_id, grace_s=10)
-    assert _inflight_round(home, run_id) == 1 and not (checkpoint_dir(home, run_id) / "round-00001").exists()
-    code, out, err = _finish(_nitro(tmp_path, "resume", run_id, "--home", str(home)))
+
+    def jobs_in_flight() -> int:
+        record = RunDir(home, run_id).inflight()
+        return int(record["round"]) if record is not None and record.get("if_started") else -1
+
+    proc = _nitro(tmp_path, "train", "--run-id", run_id, *args, api=prefect_api)
+    _wait_for(lambda: jobs_in_flight() == 1, proc, "round 1's gradient jobs")
+    _kill_mid_round_1(proc, home, run_id, grace_s=10)
+    dead = RunDir(home, run_id).inflight()
+    assert dead is not None and len(dead["if_started"]) == 8
+    assert all(f"-{dead['attempt']}-g" in job for job in dead["if_started"])
+    assert not (RunDir(home, run_id).checkpoints / "round-00001").exists()
+    code, _out, err = _finish(_nitro(tmp_path, "resume", run_id, "--home", str(home), api=prefect_api))
     assert code == 0, err[-3000:]
-    _, state = load_checkpoint(home, run_id)
+    _, state = RunDir(home, run_id).load()
     assert state["next_round"] == 3 and state["stellaris"]["rounds_trained"] == 3
     interrupted = [r for r in state["ledger"]["rounds"] if r["interrupted"]]
-    assert [r["round_idx"] for r in interrupted] == [1]
-    # what round 1's dead attempt left answered is billed: its actors, and its learner functions
-    assert 1 <= interrupted[0]["n_requests"] <= 2 + 8
+    assert [r["round_idx"] for r in interrupted] == [1] and interrupted[0]["attempt"] == dead["attempt"]
+    # its 2 actors and, of its 8 jobs, only those that ran: a kill this early leaves most of them
+    # unstarted (billing every job at its timeout gave 10 requests, 8 of them at the worst case)
+    assert 2 <= interrupted[0]["n_requests"] < 2 + 8
 
 
 def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_api, redis_url, tmp_path, monkeypatch):
@@ -90,11 +130,12 @@ def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_ap
 
     def compute(run_id, job):
         from nitro.actors.events import ActorSummary
-        from nitro.runtime import get_run
+        from nitro.run.runtime import get_run
+        from nitro.run.updates import StellarisUpdate
 
         if job.job == 1:
             summary = ActorSummary.failed(job.invocation_id, "RuntimeError: injected crash")
-            get_run(run_id).training.stellaris.answered(job, summary)
+            get_run(run_id).training.mode_as(StellarisUpdate).learning.answered(job, summary)
             return summary
         if job.job == 3:
             return ActorSummary.failed(job.invocation_id, "never answered")  # and tells no one
@@ -105,12 +146,13 @@ def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_ap
             from nitro.stellaris.wire import gradient_payload
 
             training = get_run(run_id).training
-            nan = {n: torch.full(s, float("nan")) for n, s in training.stellaris.server.expected_shapes.items()}
+            learning = training.mode_as(StellarisUpdate).learning
+            nan = {n: torch.full(s, float("nan")) for n, s in learning.server.expected_shapes.items()}
             key = gradient_key(training.cache, job.round, job.invocation_id)
             training.cache.client.set(key, gradient_payload(nan, invocation_id=job.invocation_id,
                                                             snapshot_version=job.snapshot_version, metrics={}))
             summary = ActorSummary(invocation_id=job.invocation_id, ok=True, steps=32, batch_key=key)
-            training.stellaris.answered(job, summary)
+            learning.answered(job, summary)
             return summary
         return original(run_id, job)
 

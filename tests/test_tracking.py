@@ -1,4 +1,4 @@
-"""nitro.tracking against a real MLflow store (SQLite in tmp_path).
+"""nitro.tracking.tracker against a real MLflow store (SQLite in tmp_path).
 
 Creating a SQLite store runs MLflow's schema migrations (1-2 s). So, as fmind/mlops-python-package
 does with its session-scoped MLflow fixtures, the migrated store is built once per module and each
@@ -8,7 +8,6 @@ test gets a private byte copy of it (milliseconds): real store, isolated tests, 
 from __future__ import annotations
 
 import math
-import shutil
 import threading
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
 from nitro.config import NitroConfig
-from nitro.metrics import HEADLINE_METRICS, ROUND_METRICS
-from nitro.tracking import (
+from nitro.tracking.metrics import HEADLINE_METRICS, ROUND_METRICS
+from nitro.tracking.tracker import (
     HEADLINE_PREFIX,
     LOCAL_COST_MODEL,
     SENTINEL_METRIC,
@@ -61,8 +60,10 @@ def test_missing_store_and_experiment_are_created(tmp_path: Path):
     assert RunTracker(f"sqlite:///{db}", "brand-new").experiment_id == tracker.experiment_id
 
 
-def test_bare_db_path_and_file_store(mlflow_template_db: Path, tmp_path: Path, monkeypatch):
-    shutil.copyfile(mlflow_template_db, tmp_path / "m.db")
+def test_bare_db_path_and_file_store(tmp_path: Path, monkeypatch):
+    from tests.support.templates import mlflow_db
+
+    mlflow_db(tmp_path / "m.db")
     tracker = RunTracker(str(tmp_path / "m.db"), "e")
     assert tracker.tracking_uri == f"sqlite:///{tmp_path.resolve() / 'm.db'}"
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
@@ -166,7 +167,7 @@ def test_no_stray_runs_from_threads(tracker: RunTracker, tracking_uri: str):
                 tracker.log_round(rid, k, _metrics(k))
                 tracker.log_round(rid, k, _metrics(k))  # duplicate: skipped
             assert mlflow.active_run() is None
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
@@ -356,8 +357,8 @@ def test_final_rebuilds_rows_from_store(tracker: RunTracker):
 
 def test_ui_and_value_helpers():
     """The pure pieces around the tracker: re-attach tags, experiment tags, filter quoting, keys."""
-    from nitro.tracking_ui import FlowRun, experiment_tags, reattach_prefect_tags
-    from nitro.tracking_values import MAX_KEY, clean_key, filter_value
+    from nitro.tracking.ui import FlowRun, experiment_tags, reattach_prefect_tags
+    from nitro.tracking.values import MAX_KEY, clean_key, filter_value
 
     flow = FlowRun("f-1", "glossy-panda", "http://prefect.local/runs/flow-run/f-1")
     known = {"prefect.flow_run_id": "f-1", "prefect.flow_run_url": flow.url, "prefect.flow_run_ids": "f-0,f-1"}
@@ -366,7 +367,10 @@ def test_ui_and_value_helpers():
     moved = reattach_prefect_tags(known, FlowRun("f-2"), "r")
     assert moved["prefect.flow_run_id"] == "f-2" and moved["prefect.flow_run_ids"] == "f-0,f-1,f-2"
     assert "`f-2`" in moved["mlflow.note.content"]
-    assert reattach_prefect_tags(known, FlowRun("f-1", url="http://elsewhere/f-1"), "r")["prefect.flow_run_ids"] == "f-0,f-1"
+    assert (
+        reattach_prefect_tags(known, FlowRun("f-1", url="http://elsewhere/f-1"), "r")["prefect.flow_run_ids"]
+        == "f-0,f-1"
+    )
 
     fresh = experiment_tags({}, ["Headline/x"])
     assert fresh["mlflow.experimentKind"] == "custom_model_development"

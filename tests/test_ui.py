@@ -1,11 +1,13 @@
 """Issue 12 in a real browser: Prefect and MLflow as the place where a user watches, judges and
 compares runs.
 
-One module, one set of servers: a real `prefect server` with its UI, `mlflow ui` over the runs'
-store, the work pools and deployment made by the README's own commands, and a process worker;
+The session's Prefect + MLflow stack (tests/support/stack.py, shared with
+tests/test_prefect_server.py): a real `prefect server` with its UI, `mlflow ui` over the runs'
+store, the work pools and deployments made by the README's own commands, and a process worker;
 headless Chromium (Debian's `chromium` package, driven by playwright's Python client; no browser
-download) clicks through both UIs. Each step leaves a screenshot in docs/screenshots/ (the
-README links them; set NITRO_SCREENSHOT_DIR to write them elsewhere).
+download) clicks through both UIs. Each step leaves a screenshot in a temporary folder;
+``NITRO_SCREENSHOT_DIR=docs/screenshots`` writes them where docs/usage.md links them instead, to
+refresh those.
 
 * Prefect: open the deployment, start a Custom run through the form, see the round lines in Logs
   and the round table grow while the run is still running (the worker holds round 2 with
@@ -24,10 +26,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,15 +37,10 @@ from mlflow.tracking import MlflowClient
 
 from tests.support import faults
 from tests.support.servers import (
+    REPO,
     becomes_true,
     create_flow_run,
-    REPO,
-    deploy_leaves_no_trace,
     flow_runs_named,
-    mlflow_ui,
-    prefect_cli,
-    prefect_server,
-    prefect_worker,
     tail,
     wait_flow_run,
     wait_until,
@@ -59,11 +54,10 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 expect = sync_api.expect
 expect.set_options(timeout=60_000)  # same patience as UI_WAIT_MS: a slow, shared machine
 
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
-SHOTS = Path(os.environ.get("NITRO_SCREENSHOT_DIR") or REPO / "docs" / "screenshots")
 ROUNDS = 4
-HANG_AT = 2  # the worker holds this round (once per run) until the test kills the process
+HANG_AT = 2  # the run holds this round (once) until the test kills its process
 UI_WAIT_MS = 60_000  # the most any single page element may take to appear (a slow, shared machine)
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-default-apps", "--mute-audio"]
@@ -75,46 +69,24 @@ class Stack:
     api: str
     mlflow_ui: str
     tracking_uri: str
-    config_path: Path  # the small run config the form points at
+    config_path: Path  # the small run config the form points at; its home holds the planted hang
     deployment_id: str
     worker_log: Path
-
-
-def _readme_setup_commands() -> list[list[str]]:
-    """The README's step-2 `prefect work-pool create` and `prefect ... deploy` lines, as written."""
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Run it from Prefect"):]
-    commands = []
-    for line in section[: section.index("```", section.index("```bash") + 7)].splitlines():
-        if not line.startswith("prefect "):
-            continue
-        words = shlex.split(line.split("#", 1)[0])
-        if "work-pool" in words or "deploy" in words:
-            commands.append([w for w in words[1:] if w != "--no-prompt"])
-    assert any("deploy" in c for c in commands) and sum("work-pool" in c for c in commands) >= 2, commands
-    return commands
+    tmp: Path
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Iterator[Stack]:
+def stack(prefect_stack, tmp_path_factory) -> Stack:
     tmp = tmp_path_factory.mktemp("ui")
-    store = tmp / "mlflow" / "mlflow.db"
-    store.parent.mkdir()
-    uri = f"sqlite:///{store}"
-    MlflowClient(tracking_uri=uri).search_experiments()  # migrate once, before two processes share it
     config = tmp / "run.yaml"
     config.write_text(
         f"home: {tmp / 'nitro-home'}\nsteps_per_actor: 128\nscaler:\n  fixed_actors: 2\nbackend:\n  workers: 2\n"
-        f"detector:\n  subset_size: 64\neval:\n  every_rounds: 2\n  episodes: 2\ntracking:\n  mlflow_uri: {uri}\n")
-    with prefect_server(tmp, ui=True) as srv, mlflow_ui(tmp, uri) as mlflow_url:
-        with deploy_leaves_no_trace():
-            for command in _readme_setup_commands():  # README step 2, exactly (issue 12, item 1)
-                prefect_cli(srv.env, *command)
-        dep = httpx.get(f"{srv.api}/deployments/name/nitro-train/local-actors", timeout=30).json()
-        log = tmp / "worker.log"
-        worker_env = faults.worker_env(dict(srv.env, MLFLOW_UI_URL=mlflow_url), hang_at=HANG_AT)
-        with prefect_worker(worker_env, "nitro-local", log):
-            yield Stack(srv.ui, srv.api, mlflow_url, uri, config, dep["id"], log)
+        f"detector:\n  subset_size: 64\neval:\n  every_rounds: 2\n  episodes: 2\ntracking:\n"
+        f"  mlflow_uri: {prefect_stack.tracking_uri}\n")
+    faults.plant(tmp / "nitro-home", hang_at=HANG_AT)
+    dep = prefect_stack.deployment("nitro-train/local-actors")
+    return Stack(prefect_stack.prefect_ui, prefect_stack.api, prefect_stack.mlflow_ui, prefect_stack.tracking_uri,
+                 config, dep["id"], prefect_stack.worker_log, tmp)
 
 
 @pytest.fixture(scope="module")
@@ -138,9 +110,14 @@ def page(browser):
         context.close()
 
 
-def _shot(page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"))
+@pytest.fixture(scope="module")
+def shot(tmp_path_factory):
+    """``shot(page, name)`` saves the page as ``<name>.png``: in a temporary folder, or in
+    NITRO_SCREENSHOT_DIR (relative to the repository) when it is set."""
+    folder = REPO / os.environ["NITRO_SCREENSHOT_DIR"] if os.environ.get("NITRO_SCREENSHOT_DIR") \
+        else tmp_path_factory.mktemp("screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return lambda page, name: page.screenshot(path=str(folder / f"{name}.png"))
 
 
 # -- Prefect ---------------------------------------------------------------------------------------
@@ -174,14 +151,14 @@ def _artifacts_of(client: httpx.Client, flow_run_id: str) -> list[dict]:
     return resp.json()
 
 
-def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page):
+def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page, shot):
     # 1. the deployment: every parameter with its default and type
     page.goto(f"{stack.prefect_ui}/deployments/deployment/{stack.deployment_id}")
     page.locator("li.p-tab", has_text="Parameters").click()
     row = page.locator("tr", has=page.get_by_text("steps_per_actor", exact=True))
     expect(row.get_by_role("cell", name="0", exact=True)).to_be_visible()  # 0: the preset's value for the env
     expect(row).to_contain_text("integer")
-    _shot(page, "prefect-1-deployment-parameters")
+    shot(page, "prefect-1-deployment-parameters")
 
     # 2. Run > Custom run, through the form
     page.get_by_role("button", name=re.compile(r"^\s*Run\b")).click()
@@ -199,12 +176,14 @@ def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page):
     # Leave the field before submitting: its blur can re-lay the form out under a click on Submit
     # (in two of three fresh-clone CI runs, Submit created no run; the cause is not proven).
     overrides.locator("input, textarea").last.press("Tab")
-    _shot(page, "prefect-2-custom-run-form")
+    shot(page, "prefect-2-custom-run-form")
     submit = page.get_by_role("button", name="Submit")
     submit.click()
     with httpx.Client(base_url=stack.api, timeout=30) as client:
-        def runs() -> list:
-            return client.post("/flow_runs/filter", json={"deployments": {"id": {"any_": [stack.deployment_id]}}}).json()
+        def runs() -> list:  # the deployment's runs from this form (the stack's other tests use it too)
+            body = {"deployments": {"id": {"any_": [stack.deployment_id]}}}
+            runs = client.post("/flow_runs/filter", json=body).json()
+            return [r for r in runs if r["parameters"].get("config_path") == str(stack.config_path)]
 
         if not becomes_true(runs, 60) and submit.is_visible():
             submit.click()  # the form is still there and created nothing: submit it as a user would again
@@ -227,7 +206,11 @@ def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page):
         # the run reaches the held round: rounds 0 and 1 are done, round 2 is running
         def holding() -> bool:
             held = flow_runs_named(client, f"{run_id}-round-{HANG_AT}")
-            return bool(held) and held[0]["state"]["type"] == "RUNNING" and "holding round" in tail(stack.worker_log, 20000)
+            return (
+                bool(held)
+                and held[0]["state"]["type"] == "RUNNING"
+                and "holding round" in tail(stack.worker_log, 20000)
+            )
 
         wait_until(holding, 420, f"round {HANG_AT} running", stack.worker_log, every_s=2)
 
@@ -237,7 +220,7 @@ def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page):
         for k in range(HANG_AT):
             expect(page.get_by_text(re.compile(rf"^round {k} of 0\.\.{ROUNDS - 1}: actors=2 "))).to_be_visible()
         page.get_by_text(re.compile(rf"^round {HANG_AT - 1} of ")).scroll_into_view_if_needed()
-        _shot(page, "prefect-3-logs")
+        shot(page, "prefect-3-logs")
 
         # 4. the round table, live: two rows while the run is still running
         page.locator("li.p-tab", has_text="Artifacts").click()
@@ -247,7 +230,7 @@ def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page):
         expect(table.locator("tbody tr")).to_have_count(HANG_AT)
         expect(table).to_contain_text("eval_return_mean")
         assert client.get(f"/flow_runs/{flow_run_id}").json()["state"]["type"] == "RUNNING"
-        _shot(page, "prefect-4-live-round-table")
+        shot(page, "prefect-4-live-round-table")
 
         # 5. the link to MLflow sits on the flow run (not a task) and opens the MLflow run
         page.go_back()
@@ -256,7 +239,7 @@ def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page):
         page.get_by_text(f"nitro-mlflow-{run_id}", exact=True).click()
         link = page.locator(f'a[href^="{stack.mlflow_ui}/#/experiments/"][href*="/runs/"]').first
         expect(link).to_have_text(flow_run_name)
-        _shot(page, "prefect-5-mlflow-link")
+        shot(page, "prefect-5-mlflow-link")
         if link.get_attribute("target") == "_blank":
             with page.context.expect_page() as opened:
                 link.click()
@@ -266,7 +249,7 @@ def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page):
             mlflow_page = page
         expect(mlflow_page.get_by_role("heading", name=flow_run_name)).to_be_visible()
         expect(mlflow_page.get_by_text(run_id).first).to_be_visible()
-        _shot(mlflow_page, "prefect-6-mlflow-run")
+        shot(mlflow_page, "prefect-6-mlflow-run")
         if mlflow_page is not page:
             mlflow_page.close()
 
@@ -289,12 +272,15 @@ def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page):
         page.goto(f"{stack.prefect_ui}/runs/flow-run/{flow_run_id}")
         page.get_by_role("button", name=re.compile(r"^\s*Retry")).first.click()
         page.get_by_role("dialog").get_by_role("button", name="Retry", exact=True).click()
+        # the UI sets the new state after the click returns: until then the run still reads Crashed
+        wait_until(lambda: client.get(f"/flow_runs/{flow_run_id}").json()["state"]["type"] != "CRASHED", 60,
+                   "the UI's Retry taking the run out of Crashed")
         done = wait_flow_run(client, flow_run_id, {"COMPLETED"}, 420, stack.worker_log)
         assert done["run_count"] == 2
         page.reload()
         page.locator("li.p-tab", has_text="Subflow Runs").click()
         expect(page.get_by_text(f"{run_id}-round-{ROUNDS - 1}").first).to_be_visible()
-        _shot(page, "prefect-7-after-retry")
+        shot(page, "prefect-7-after-retry")
 
         # no subflow or task stays Running; the killed round is Crashed and ran again
         rounds = {k: sorted(r["state"]["type"] for r in flow_runs_named(client, f"{run_id}-round-{k}"))
@@ -303,7 +289,9 @@ def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page):
                           3: ["COMPLETED"]}, rounds
         # Task-run states reach the server as events that its task-run recorder writes in batches,
         # so the last tasks' final states may land a few seconds after the flow run's own.
-        flow_ids = [flow_run_id] + [r["id"] for k in range(ROUNDS) for r in flow_runs_named(client, f"{run_id}-round-{k}")]
+        flow_ids = [flow_run_id] + [
+            r["id"] for k in range(ROUNDS) for r in flow_runs_named(client, f"{run_id}-round-{k}")
+        ]
 
         def unfinished_task_runs() -> list[dict]:
             return client.post("/task_runs/filter", json={
@@ -336,11 +324,13 @@ def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page):
 
 @pytest.fixture(scope="module")
 def two_finished_runs(stack: Stack) -> list[dict]:
-    """Two short runs through the deployment (seeds 0 and 1), one after the other; their MLflow runs."""
+    """Two short runs through the deployment (seeds 0 and 1), one after the other; their MLflow runs.
+    Their home is not the one with the planted hang."""
     runs = []
     with httpx.Client(base_url=stack.api, timeout=30) as client:
         for seed in (0, 1):
-            params = {"rounds": 2, "scaler": "fixed", "seed": seed, "config_path": str(stack.config_path)}
+            params = {"rounds": 2, "scaler": "fixed", "seed": seed, "config_path": str(stack.config_path),
+                      "overrides": [f"home={stack.tmp / 'finished-runs'}"]}
             resp = create_flow_run(client, stack.deployment_id, params)
             assert resp.status_code == 201, resp.text
             fr = wait_flow_run(client, resp.json()["id"], {"COMPLETED"}, 420, stack.worker_log)
@@ -384,8 +374,8 @@ def _wait_for_drawn_charts(page, n: int) -> tuple[int, int]:
     return tuple(page.evaluate(_DRAWN_CHARTS_JS))
 
 
-def test_mlflow_ui_headline_first_links_back_and_compares_plots(stack: Stack, two_finished_runs, page):
-    first, second = two_finished_runs
+def test_mlflow_ui_headline_first_links_back_and_compares_plots(stack: Stack, two_finished_runs, page, shot):
+    first, _second = two_finished_runs
     experiment_id = first["experiment_id"]
     names = [r["mlflow_run"].info.run_name for r in two_finished_runs]
     assert names == [r["flow_run"]["name"] for r in two_finished_runs]  # MLflow runs carry the flow runs' names
@@ -399,7 +389,7 @@ def test_mlflow_ui_headline_first_links_back_and_compares_plots(stack: Stack, tw
     expect(page.get_by_text("Model training", exact=True)).to_be_visible()
     expect(page.get_by_text("Headline/eval_return_mean").first).to_be_attached()
     expect(page.get_by_text("Headline/spend_total_usd").first).to_be_attached()
-    _shot(page, "mlflow-1-run-list")
+    shot(page, "mlflow-1-run-list")
 
     # 2. the run's charts: the Headline group comes first
     run = first["mlflow_run"]
@@ -416,7 +406,7 @@ def test_mlflow_ui_headline_first_links_back_and_compares_plots(stack: Stack, tw
     headline = int(re.match(r"Headline \((\d+)\)", titles[0])[1])
     charts, drawn = _wait_for_drawn_charts(page, headline)
     assert (charts, drawn) == (headline, headline), f"{drawn} of {charts} Headline charts drawn, {headline} expected"
-    _shot(page, "mlflow-2-headline-charts")
+    shot(page, "mlflow-2-headline-charts")
 
     # 3. the description links back to the Prefect flow run, and the link opens it
     page.goto(f"{stack.mlflow_ui}/#/experiments/{experiment_id}/runs/{run.info.run_id}?workflowType=machine_learning")
@@ -424,7 +414,7 @@ def test_mlflow_ui_headline_first_links_back_and_compares_plots(stack: Stack, tw
     expect(back).to_have_text(first["flow_run"]["name"])
     back.scroll_into_view_if_needed()
     _close_assistant(page)
-    _shot(page, "mlflow-3-prefect-link")
+    shot(page, "mlflow-3-prefect-link")
     with page.context.expect_page() as opened:
         back.click(modifiers=["Control"]) if back.get_attribute("target") != "_blank" else back.click()
     prefect_page = opened.value
@@ -449,4 +439,4 @@ def test_mlflow_ui_headline_first_links_back_and_compares_plots(stack: Stack, tw
     expect(previews).to_have_count(2)
     expect(previews.first).to_be_visible()
     page.wait_for_timeout(1000)  # let both images paint before the screenshot
-    _shot(page, "mlflow-4-compare-plots")
+    shot(page, "mlflow-4-compare-plots")

@@ -1,4 +1,4 @@
-"""The learner's door (nitro/validation.py, nitro/behaviour.py) and the guards behind it: real
+"""The learner's door (nitro/validation.py, nitro/learners/behaviour.py) and the guards behind it: real
 rollouts on Hopper and CartPole, each broken in one way (malformed, non-finite, or finite but
 absurd: beyond a stated bound, or log-probabilities that are not the policy's), are refused with a
 one-line reason naming what is wrong; the normaliser, the reward statistics and the optimiser
@@ -14,15 +14,22 @@ import pytest
 import torch
 from torch import nn
 
-from nitro.behaviour import BehaviourPolicies
+from nitro.actors.rollout import rollout
 from nitro.config import DoorConfig, ImpactConfig, PPOConfig
 from nitro.envs import env_spec
 from nitro.learners import ImpactLearner, PPOLearner
+from nitro.learners.behaviour import BehaviourPolicies
 from nitro.learners.replay import ReplayBuffer
 from nitro.learners.sgd import clipped_step
 from nitro.learners.statistics import RunningMeanStd
-from nitro.models import MERGE_BOUNDED_AFTER, MERGE_MAX_SHIFT_STD, MERGE_MAX_VAR_RATIO, Architecture, ObsNorm, build_policy
-from nitro.rollout import rollout
+from nitro.models import (
+    MERGE_BOUNDED_AFTER,
+    MERGE_MAX_SHIFT_STD,
+    MERGE_MAX_VAR_RATIO,
+    Architecture,
+    ObsNorm,
+    build_policy,
+)
 from nitro.serialization import dumps_tensors
 from nitro.validation import BatchError, bounds_for, check_batch, decode_batch, max_payload_bytes
 
@@ -75,29 +82,73 @@ BROKEN = [
     ("inf observation", lambda b: _with(b, "obs", _nan_at(b["obs"], np.inf)), "obs has 1 non-finite"),
     ("NaN log-prob", lambda b: _with(b, "logp", _nan_at(b["logp"], np.nan)), "logp has 1 non-finite"),
     ("-inf action", lambda b: _with(b, "actions", _nan_at(b["actions"], -np.inf)), "actions has 1 non-finite"),
-    ("inf bootstrap obs", lambda b: _with(b, "bootstrap_obs", np.full_like(b["bootstrap_obs"], np.inf)), "bootstrap_obs has"),
-    ("obs too wide", lambda b: _with(b, "obs", np.zeros((STEPS, 12), np.float32)), "obs has shape (64, 12), expected (64, 11)"),
+    (
+        "inf bootstrap obs",
+        lambda b: _with(b, "bootstrap_obs", np.full_like(b["bootstrap_obs"], np.inf)),
+        "bootstrap_obs has",
+    ),
+    (
+        "obs too wide",
+        lambda b: _with(b, "obs", np.zeros((STEPS, 12), np.float32)),
+        "obs has shape (64, 12), expected (64, 11)",
+    ),
     ("actions too narrow", lambda b: _with(b, "actions", b["actions"][:, :2].copy()), "actions has shape"),
-    ("obs as float64", lambda b: _with(b, "obs", b["obs"].astype(np.float64)), "obs has dtype float64, expected float32"),
+    (
+        "obs as float64",
+        lambda b: _with(b, "obs", b["obs"].astype(np.float64)),
+        "obs has dtype float64, expected float32",
+    ),
     ("rewards shorter", lambda b: _with(b, "rewards", b["rewards"][:-1].copy()), "shape"),
     ("missing rewards", lambda b: _with(b, "rewards", None), "missing key(s) rewards"),
     ("extra key", lambda b: {**b, "evil": np.zeros(1, np.float32)}, "unexpected key(s) evil"),
-    ("bootstrap index past the end",
-     lambda b: {**_with(b, "bootstrap_idx", np.array([STEPS], np.int64)), "bootstrap_obs": b["bootstrap_obs"][-1:].copy()},
-     "bootstrap_idx out of range: values in [64, 64], allowed [0, 64)"),
-    ("more bootstrap entries than obs", lambda b: _with(b, "bootstrap_idx", np.arange(STEPS, dtype=np.int64)), "bootstrap_obs has shape"),
-    ("bootstrap index out of range",
-     lambda b: _with(b, "bootstrap_idx", np.where(b["bootstrap_idx"] == STEPS - 1, STEPS + 5, b["bootstrap_idx"])),
-     "bootstrap_idx out of range"),
-    ("negative bootstrap index", lambda b: _with(b, "bootstrap_idx", np.full_like(b["bootstrap_idx"], -1)), "out of range"),
-    ("duplicate bootstrap index",
-     lambda b: {**_with(b, "bootstrap_idx", np.array([STEPS - 1, STEPS - 1], np.int64)),
-                "bootstrap_obs": np.repeat(b["bootstrap_obs"][-1:], 2, axis=0)}, "bootstrap_idx has duplicates"),
-    ("last step open",
-     lambda b: {**_with(b, "bootstrap_idx", np.zeros(0, np.int64)), "bootstrap_obs": np.zeros((0, 11), np.float32),
-                "terminated": np.zeros(STEPS, bool)}, "neither terminated nor bootstrapped"),
-    ("oversize", lambda b: {k: np.concatenate([v] * 3) if k in ("obs", "actions", "logp", "rewards", "terminated") else v
-                            for k, v in b.items()}, "rewards has 192 entries, more than the 64 allowed"),
+    (
+        "bootstrap index past the end",
+        lambda b: {
+            **_with(b, "bootstrap_idx", np.array([STEPS], np.int64)),
+            "bootstrap_obs": b["bootstrap_obs"][-1:].copy(),
+        },
+        "bootstrap_idx out of range: values in [64, 64], allowed [0, 64)",
+    ),
+    (
+        "more bootstrap entries than obs",
+        lambda b: _with(b, "bootstrap_idx", np.arange(STEPS, dtype=np.int64)),
+        "bootstrap_obs has shape",
+    ),
+    (
+        "bootstrap index out of range",
+        lambda b: _with(b, "bootstrap_idx", np.where(b["bootstrap_idx"] == STEPS - 1, STEPS + 5, b["bootstrap_idx"])),
+        "bootstrap_idx out of range",
+    ),
+    (
+        "negative bootstrap index",
+        lambda b: _with(b, "bootstrap_idx", np.full_like(b["bootstrap_idx"], -1)),
+        "out of range",
+    ),
+    (
+        "duplicate bootstrap index",
+        lambda b: {
+            **_with(b, "bootstrap_idx", np.array([STEPS - 1, STEPS - 1], np.int64)),
+            "bootstrap_obs": np.repeat(b["bootstrap_obs"][-1:], 2, axis=0),
+        },
+        "bootstrap_idx has duplicates",
+    ),
+    (
+        "last step open",
+        lambda b: {
+            **_with(b, "bootstrap_idx", np.zeros(0, np.int64)),
+            "bootstrap_obs": np.zeros((0, 11), np.float32),
+            "terminated": np.zeros(STEPS, bool),
+        },
+        "neither terminated nor bootstrapped",
+    ),
+    (
+        "oversize",
+        lambda b: {
+            k: np.concatenate([v] * 3) if k in ("obs", "actions", "logp", "rewards", "terminated") else v
+            for k, v in b.items()
+        },
+        "rewards has 192 entries, more than the 64 allowed",
+    ),
     ("empty", lambda b: {**{k: v[:0] for k, v in b.items()}}, "rewards is empty"),
 ]
 
@@ -126,10 +177,26 @@ def test_wrong_metadata_is_refused(hopper, meta, reason):
 
 # Finite but absurd: each is refused with its bound by the door, where it names the value and where it is.
 ABSURD = [
-    ("obs", lambda b: _with(b, "obs", _nan_at(b["obs"], 1e30)), "obs[0, 3] = 1e+30 is outside its stated bound [-1e+06, 1e+06]"),
-    ("bootstrap_obs", lambda b: _with(b, "bootstrap_obs", np.full_like(b["bootstrap_obs"], 3e38)), "bootstrap_obs[0, 0] = 3e+38"),
-    ("actions", lambda b: _with(b, "actions", _nan_at(b["actions"], 1e30)), "actions[1, 0] = 1e+30 is outside its stated bound [-1e+03, 1e+03]"),
-    ("rewards", lambda b: _with(b, "rewards", _nan_at(b["rewards"], 1e30)), "rewards[3] = 1e+30 is outside its stated bound [-1e+06, 1e+06]"),
+    (
+        "obs",
+        lambda b: _with(b, "obs", _nan_at(b["obs"], 1e30)),
+        "obs[0, 3] = 1e+30 is outside its stated bound [-1e+06, 1e+06]",
+    ),
+    (
+        "bootstrap_obs",
+        lambda b: _with(b, "bootstrap_obs", np.full_like(b["bootstrap_obs"], 3e38)),
+        "bootstrap_obs[0, 0] = 3e+38",
+    ),
+    (
+        "actions",
+        lambda b: _with(b, "actions", _nan_at(b["actions"], 1e30)),
+        "actions[1, 0] = 1e+30 is outside its stated bound [-1e+03, 1e+03]",
+    ),
+    (
+        "rewards",
+        lambda b: _with(b, "rewards", _nan_at(b["rewards"], 1e30)),
+        "rewards[3] = 1e+30 is outside its stated bound [-1e+06, 1e+06]",
+    ),
 ]
 
 
@@ -166,7 +233,9 @@ def test_behaviour_log_probabilities_are_recomputed_from_the_named_version(hoppe
         policies = _behaviour(env_id)
         policies.check(batch, 0)  # the actor's numpy arithmetic agrees with torch's to float tolerance
         assert np.allclose(policies.recompute(batch, 0), batch["logp"], atol=1e-5)
-        with pytest.raises(BatchError, match=r"logp disagrees with policy version 0 at 1 of 64 steps \(step 3: -1e\+30 given"):
+        with pytest.raises(
+            BatchError, match=r"logp disagrees with policy version 0 at 1 of 64 steps \(step 3: -1e\+30 given"
+        ):
             policies.check(_with(batch, "logp", _nan_at(batch["logp"], -1e30)), 0)
         with pytest.raises(BatchError, match="weights_version 7 is not a policy version the learner keeps"):
             policies.check(batch, 7)

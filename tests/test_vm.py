@@ -1,4 +1,4 @@
-"""Actors billed as EC2 instances (nitro/vm.py): the invoice of short runs worked by hand."""
+"""Actors billed as EC2 instances (nitro/pricing/vm.py): the invoice of short runs worked by hand."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from nitro.actors.events import ActorSummary
 from nitro.cache import TrajectoryCache, connect_redis
 from nitro.config import ConfigError, NitroConfig, PriceTable
-from nitro.cost import CostLedger
-from nitro.engine import TrainingRun, UpdateReport
-from nitro.vm import VmFleet, billed_instance_s
-from nitro.vm_config import VmConfig
+from nitro.config.vm import VmConfig
+from nitro.pricing.cost import CostLedger
+from nitro.pricing.vm import VmFleet, billed_instance_s
+from nitro.run.engine import TrainingRun, UpdateReport
 
 C5_4XL_PER_S = Decimal("0.68") / 3600  # c5.4xlarge, the paper's $0.68/h
 
@@ -122,7 +122,7 @@ def test_serverful_fixed_actors_a_short_run_invoiced_by_hand(redis_url):
 
 
 def test_a_vm_budget_run_reserves_the_start_up_and_the_instances_minimum(redis_url):
-    """The budget cap prices VM actors by their instances (nitro/budget.py's bound). Until the
+    """The budget cap prices VM actors by their instances (nitro/scaling/budget.py's bound). Until the
     next decision it reserves 40 s start-up + one 120 s timeout wave + 2 s tail + the next
     update's 5 + 2 x 0.005 s x 64n samples: for n = 4 actors (two c5.large) 169.56 s of the
     $0.68/h learner ($0.03203) and two instances up 170 s ($0.00803): $0.04006; for n = 5 (three

@@ -11,8 +11,8 @@ from nitro.actors.events import ActorSummary
 from nitro.actors.local import LocalActorPool
 from nitro.cache import TrajectoryCache, connect_redis
 from nitro.config import ConfigError, NitroConfig
-from nitro.engine import TrainingRun, UpdateReport
-from nitro.vm_replay import replay_while_instances_start
+from nitro.run.engine import TrainingRun, UpdateReport
+from nitro.run.vm_replay import replay_while_instances_start
 
 
 def _training(redis_url, run_id, scaler: str, **overrides) -> TrainingRun:
@@ -59,7 +59,7 @@ def drive(training: TrainingRun, pool: LocalActorPool, rounds: int) -> list[dict
     rows = []
     for k in range(rounds):
         started = time.perf_counter()
-        update = training.update_policy(k)
+        update = training.mode.update(k)
         detection = training.detect_boosting(k, update)
         decision = training.decide_actors(k, detection, update, started)
         before = training.learner.n_updates
@@ -81,6 +81,7 @@ def pool():
         yield p
 
 
+@pytest.mark.slow
 def test_vm_replay_trains_on_replayed_batches_only_while_instances_start(redis_url, pool):
     """Round 1 boosts to 6 (actors_at), so it starts instances; Nitro's own decisions start more
     in some later rounds. The learner takes its replay updates (at most 2, each a full update on

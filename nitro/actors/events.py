@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nitro.envs import UnknownEnvError, check_env_id
 
-
 _MODE_TAGS = {"train": "", "eval_deterministic": "-evd", "eval_stochastic": "-evs"}
 
 
@@ -55,7 +54,9 @@ class ActorEvent(BaseModel):
     )
     batch_ttl_s: int = Field(86_400, ge=1)
     mode: ActorMode = "train"
-    episode_key: str | None = Field(None, description="train: the snapshot of an unfinished episode to continue")
+    episode_key: str | None = Field(None, description="train: the snapshots of the unfinished episodes to continue")
+    n_envs: int = Field(1, ge=1, le=256, description="train on Atari: games stepped side by side, n_steps split "
+                        "among them (nitro/actors/rollout.py); other envs step one")
     n_episodes: int = Field(1, ge=1, le=1000, description="eval: whole episodes to play")
 
     @field_validator("env_id")
@@ -90,11 +91,14 @@ class ActorSummary(BaseModel):
     memory_mb: int = 0
     continued: bool = False  # it continued the event's episode (False: the snapshot had expired)
     episode_key: str | None = None  # the snapshot of the episode it left unfinished
+    profile: dict[str, float] = Field(default_factory=dict)  # a learner function's seconds by part of its job
 
     @classmethod
-    def failed(cls, invocation_id: str, error: str, duration_s: float = 0.0, billed_ms: int = 0, memory_mb: int = 0) -> "ActorSummary":
+    def failed(cls, invocation_id: str, error: str, duration_s: float = 0.0, billed_ms: int = 0,
+               memory_mb: int = 0) -> ActorSummary:
         line = " ".join(str(error).split())[:500]
-        return cls(invocation_id=invocation_id, ok=False, error=line, duration_s=duration_s, billed_ms=billed_ms, memory_mb=memory_mb)
+        return cls(invocation_id=invocation_id, ok=False, error=line, duration_s=duration_s, billed_ms=billed_ms,
+                   memory_mb=memory_mb)
 
 
 UNKNOWN_INVOCATION = "unknown"  # the id of an event that names none
@@ -104,7 +108,7 @@ def event_payload(event: ActorEvent | dict[str, Any], memory_mb: int) -> tuple[s
     """(invocation id, the event as JSON bytes), or the failed summary of an event that is not JSON:
     what a backend sends to its function, whatever the caller handed it."""
     if isinstance(event, BaseModel):  # an ActorEvent or a learner function's GradientJob
-        return str(getattr(event, "invocation_id")), event.model_dump_json().encode()
+        return str(event.invocation_id), event.model_dump_json().encode()
     raw = event.get("invocation_id") if isinstance(event, dict) else None
     inv = raw if isinstance(raw, str) and raw else UNKNOWN_INVOCATION
     try:

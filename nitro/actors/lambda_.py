@@ -44,14 +44,14 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import CancelledError as FutureCancelledError
 from collections.abc import Coroutine, Iterable
+from concurrent.futures import CancelledError as FutureCancelledError
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from nitro.actors.events import ActorEvent, ActorSummary, event_payload
 from nitro.actors.lambda_answer import UNKNOWN, answer_summary, one_line, parse_report
-from nitro.actors.lambda_http import TRANSPORTS, TransportError
+from nitro.actors.lambda_http import TRANSPORTS, Transport, TransportError
 from nitro.config import LambdaConfig
 
 __all__ = ["LAUNCH_WAIT_S", "InvocationTiming", "LambdaActorBackend", "parse_report"]
@@ -117,7 +117,9 @@ class LambdaActorBackend:
         self._thread.start()
         pool = max(self.concurrency, int(max_in_flight or 0), 10)
         try:
-            self.transport = self._call(TRANSPORTS[self.invoker].create(self.cfg, pool_size=pool, on_sent=self._on_sent))
+            opening: Coroutine[Any, Any, Transport] = TRANSPORTS[self.invoker].create(
+                self.cfg, pool_size=pool, on_sent=self._on_sent)
+            self.transport = self._call(opening)
         except BaseException:
             self._stop_loop()
             raise
@@ -251,7 +253,8 @@ class LambdaActorBackend:
                         continue
                 return failed(f"throttled by Lambda ({code}: {message}) after {attempt + 1} attempts")
             if code == "RequestEntityTooLargeException" or status == 413:
-                return failed(f"payload too large for a synchronous invoke ({len(payload)} bytes; limit 6 MB): {message}")
+                return failed(f"payload too large for a synchronous invoke ({len(payload)} bytes; limit 6 MB): "
+                              f"{message}")
             return failed(f"Lambda rejected the invocation ({code}, HTTP {status}): {message}")
         self.stats["invocations"] += 1
         if response.function_error:
@@ -260,7 +263,8 @@ class LambdaActorBackend:
 
     # -- many ---------------------------------------------------------------------------------
 
-    def _distinct(self, events: Iterable[ActorEvent | dict[str, Any]]) -> tuple[list[tuple[str, bytes]], list[ActorSummary], int]:
+    def _distinct(self, events: Iterable[ActorEvent | dict[str, Any]]
+                  ) -> tuple[list[tuple[str, bytes]], list[ActorSummary], int]:
         """(id, payload) of the distinct events in first-seen order, the summaries of events that
         cannot be sent at all, and how many repeats were dropped. Events without an id are all kept."""
         seen: set[str] = set()
@@ -362,7 +366,7 @@ class LambdaActorBackend:
         if not self._thread.is_alive():
             self._loop.close()
 
-    def __enter__(self) -> "LambdaActorBackend":
+    def __enter__(self) -> LambdaActorBackend:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -217,7 +217,7 @@ class SignedHttpTransport:
         self._yarl_url: Any = None
 
     @classmethod
-    async def create(cls, cfg: LambdaConfig, *, pool_size: int, on_sent: OnSent | None = None) -> "SignedHttpTransport":
+    async def create(cls, cfg: LambdaConfig, *, pool_size: int, on_sent: OnSent | None = None) -> SignedHttpTransport:
         transport = cls(cfg, pool_size=pool_size, on_sent=on_sent)
         transport._open()
         return transport
@@ -260,10 +260,12 @@ class SignedHttpTransport:
                                           trace_request_ctx={"inv": inv}) as resp:
                 body = await resp.read()
                 status, hdrs = resp.status, resp.headers
-        except asyncio.TimeoutError:
-            raise TransportError("ReadTimeoutError", f"no answer within {self.read_timeout_s:.0f} s on {self.endpoint_url}") from None
+        except TimeoutError:
+            raise TransportError("ReadTimeoutError",
+                                 f"no answer within {self.read_timeout_s:.0f} s on {self.endpoint_url}") from None
         except aiohttp.ClientConnectorError as exc:
-            raise TransportError("EndpointConnectionError", f'Could not connect to the endpoint URL: "{self.url}": {exc}') from None
+            raise TransportError("EndpointConnectionError",
+                                 f'Could not connect to the endpoint URL: "{self.url}": {exc}') from None
         except (aiohttp.ClientError, OSError) as exc:
             raise TransportError(type(exc).__name__, str(exc) or repr(exc)) from None
         if 200 <= status < 300:
@@ -287,7 +289,7 @@ class Boto3Transport:
         self._on_sent = on_sent
 
     @classmethod
-    async def create(cls, cfg: LambdaConfig, *, pool_size: int, on_sent: OnSent | None = None) -> "Boto3Transport":
+    async def create(cls, cfg: LambdaConfig, *, pool_size: int, on_sent: OnSent | None = None) -> Boto3Transport:
         return cls(cfg, pool_size=pool_size, on_sent=on_sent)
 
     async def send(self, payload: bytes, inv: str) -> InvokeResponse:

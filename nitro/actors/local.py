@@ -11,10 +11,16 @@ the idle queue, hands it the event and waits at most ``timeout_s``. A worker tha
 ``ActorSummary.failed`` with the reason, and a replacement is started in the background. A caller
 never hangs: each invocation has a deadline, and the wait for a free worker has one too
 (``queue_timeout_s``), or, without one, lasts only while the pool has live workers.
+
+Inside ``keep_warm_workers()`` (the test session, where every run opens a pool), a closing pool keeps
+its idle workers for the next pool of the same kind in this process, which resets them instead of
+starting interpreters that import torch again; outside it a pool's workers never outlive it.
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
+import itertools
 import json
 import logging
 import math
@@ -27,7 +33,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
@@ -35,11 +41,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from nitro.actors.events import ActorEvent, ActorSummary
-from nitro.actors.local_process import THREAD_ENV
+from nitro.actors.local_process import RESET, THREAD_ENV
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ACTOR_FN = "nitro.functions:run_function"  # actors and learner functions
+DEFAULT_ACTOR_FN = "nitro.run.functions:run_function"  # actors and learner functions
 
 
 class PoolClosedError(RuntimeError):
@@ -47,10 +53,11 @@ class PoolClosedError(RuntimeError):
 
 
 class _Worker:
-    def __init__(self, process: subprocess.Popen, conn: Connection, index: int):
+    def __init__(self, process: subprocess.Popen, conn: Connection, index: int, kind: tuple = ()):
         self.process = process
         self.conn = conn
         self.index = index
+        self.kind = kind  # what a pool that takes it over must have in common with its first
         self.pid: int | None = process.pid
         self.invocations = 0
         self._dead = False
@@ -87,7 +94,38 @@ class _Worker:
             pass
 
 
-_LIVE_POOLS: "weakref.WeakSet[LocalActorPool]" = weakref.WeakSet()
+_LIVE_POOLS: weakref.WeakSet[LocalActorPool] = weakref.WeakSet()
+# Idle workers of closed pools, oldest first, while keep_warm_workers() is open (at most _kept_limit).
+_kept: list[_Worker] = []
+_kept_limit = 0
+_kept_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def keep_warm_workers(limit: int = 4) -> Iterator[None]:
+    """While open, closing pools keep up to ``limit`` idle workers in all for the next pools of the
+    same kind (0: none); on leaving, those over the limit in force before are stopped."""
+    global _kept_limit
+    previous, _kept_limit = _kept_limit, limit
+    try:
+        _keep(None)
+        yield
+    finally:
+        _kept_limit = previous
+        _keep(None)
+
+
+def _keep(w: _Worker | None) -> bool:
+    """Keep ``w`` (False: not kept, to be stopped) and stop the oldest kept ones over the limit."""
+    kept = w is not None and _kept_limit > 0 and w.process.poll() is None
+    with _kept_lock:
+        if kept and w is not None:
+            _kept.append(w)
+        stopped = _kept[:max(0, len(_kept) - _kept_limit)]
+        del _kept[:len(stopped)]
+    for old in stopped:
+        old.kill(grace_s=1.0)
+    return kept
 
 
 @atexit.register
@@ -138,16 +176,18 @@ class LocalActorPool:
         self._lock = threading.Lock()
         self._all: set[_Worker] = set()
         self._replacing = 0
-        self._next_index = 0
+        self._indices = itertools.count()
         self._closed = False
         self.replaced = 0
         self.failures = 0
         # Heavy imports done at start-up, so the first invocation is as warm as the rest.
-        self.preload = tuple(preload) if preload is not None else (("nitro.rollout",) if actor_fn == DEFAULT_ACTOR_FN else ())
+        default_preload = ("nitro.actors.rollout",) if actor_fn == DEFAULT_ACTOR_FN else ()
+        self.preload = tuple(preload) if preload is not None else default_preload
         started = self._start_workers(self.workers)
         if len(started) < self.workers:
             self.close()
-            raise RuntimeError(f"local actor pool: only {len(started)} of {self.workers} workers started: {self._last_start_error}")
+            raise RuntimeError(f"local actor pool: only {len(started)} of {self.workers} workers started: "
+                               f"{self._last_start_error}")
         for w in started:
             self._idle.put(w)
         _LIVE_POOLS.add(self)
@@ -157,7 +197,8 @@ class LocalActorPool:
     _last_start_error = ""
 
     def _start_workers(self, n: int) -> list[_Worker]:
-        """Start ``n`` processes at once and wait for all their ready messages (one deadline)."""
+        """Start ``n`` processes at once (kept ones of this kind first, reset) and wait for all
+        their ready messages (one deadline)."""
         pending: list[_Worker] = []
         env = dict(os.environ)
         # The worker imports what this process can import (e.g. a test's helper module).
@@ -166,11 +207,24 @@ class LocalActorPool:
         for var in THREAD_ENV:
             env[var] = "1"
         env.setdefault("MUJOCO_GL", "disable")
-        for _ in range(n):
-            parent_sock, child_sock = socket.socketpair()
+        # A kept worker takes this environment with its reset: only its start-up's (paths) must match.
+        kind = (self.actor_fn, self.memory_mb, self.preload, env["PYTHONPATH"])
+        with _kept_lock:
+            taken = [w for w in _kept if w.kind == kind][:n]
+            _kept[:] = [w for w in _kept if w not in taken]
+        for kept in taken:
+            w = _Worker(kept.process, kept.conn, next(self._indices), kind)
+            try:
+                w.conn.send_bytes(RESET + json.dumps({"env": env}).encode())  # answered as a start is
+            except (OSError, ValueError):
+                w.kill()
+                continue
             with self._lock:
-                index = self._next_index
-                self._next_index += 1
+                self._all.add(w)
+            pending.append(w)
+        for _ in range(n - len(pending)):
+            parent_sock, child_sock = socket.socketpair()
+            index = next(self._indices)
             spec = json.dumps({"actor_fn": self.actor_fn, "memory_mb": self.memory_mb, "parent_pid": os.getpid(),
                                "preload": list(self.preload), "fd": child_sock.fileno()})
             try:
@@ -186,7 +240,7 @@ class LocalActorPool:
             finally:
                 child_sock.close()
             conn = Connection(parent_sock.detach())
-            w = _Worker(proc, conn, index)
+            w = _Worker(proc, conn, index, kind)
             with self._lock:
                 self._all.add(w)
             pending.append(w)
@@ -274,17 +328,16 @@ class LocalActorPool:
 
     def invoke(self, event: ActorEvent | dict[str, Any]) -> ActorSummary:
         """Run one invocation on a free warm worker; blocks, never raises for a failed actor."""
-        if isinstance(event, BaseModel):  # an ActorEvent or a GradientJob
-            payload = event.model_dump(mode="json")
-        else:
-            payload = dict(event)
+        # an ActorEvent or a GradientJob, or the event already as a dict
+        payload = event.model_dump(mode="json") if isinstance(event, BaseModel) else dict(event)
         inv = str(payload.get("invocation_id") or "unknown")
         try:
             worker = self._acquire()
         except PoolClosedError as exc:
             return ActorSummary.failed(inv, str(exc), memory_mb=self.memory_mb)
         if worker is None:
-            return ActorSummary.failed(inv, f"no free local worker within {self.queue_timeout_s}s", memory_mb=self.memory_mb)
+            return ActorSummary.failed(inv, f"no free local worker within {self.queue_timeout_s}s",
+                                       memory_mb=self.memory_mb)
 
         start = time.perf_counter()
 
@@ -292,7 +345,8 @@ class LocalActorPool:
             duration = time.perf_counter() - start
             with self._lock:
                 self.failures += 1
-            return ActorSummary.failed(inv, reason, duration_s=duration, billed_ms=math.ceil(duration * 1000), memory_mb=self.memory_mb)
+            return ActorSummary.failed(inv, reason, duration_s=duration, billed_ms=math.ceil(duration * 1000),
+                                       memory_mb=self.memory_mb)
 
         healthy = False
         try:
@@ -301,7 +355,8 @@ class LocalActorPool:
                 worker.conn.send_bytes(json.dumps(payload).encode())
                 if not worker.conn.poll(self.timeout_s):
                     worker.kill()
-                    return failed(f"local actor timed out after {self.timeout_s:g}s (worker pid {worker.pid} killed and replaced)")
+                    return failed(f"local actor timed out after {self.timeout_s:g}s "
+                                  f"(worker pid {worker.pid} killed and replaced)")
                 data = worker.conn.recv_bytes()
             except (EOFError, OSError, ValueError):
                 if self._closed:
@@ -331,6 +386,10 @@ class LocalActorPool:
                 worker.kill()
                 self._replace_async()
 
+    def launch(self, events: Iterable[ActorEvent | dict[str, Any]]) -> int:
+        """Nothing to start ahead: each invocation starts on a warm worker in its own ``invoke``."""
+        return 0
+
     def invoke_many(self, events: Iterable[ActorEvent | dict[str, Any]], max_threads: int = 64) -> list[ActorSummary]:
         """Invoke all ``events`` concurrently (threads); summaries in the order of ``events``."""
         events = list(events)
@@ -342,7 +401,8 @@ class LocalActorPool:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def close(self, grace_s: float = 3.0) -> None:
-        """Stop every worker (a polite stop message, then SIGKILL after ``grace_s``). Idempotent."""
+        """Stop every worker (a polite stop message, then SIGKILL after ``grace_s``), or keep the idle
+        ones inside ``keep_warm_workers()``. Idempotent."""
         with self._lock:
             if self._closed and not self._all:
                 return
@@ -356,6 +416,7 @@ class LocalActorPool:
                 idle.add(self._idle.get_nowait())
             except queue.Empty:
                 break
+        workers = [w for w in workers if not (w in idle and _keep(w))]
         for w in workers:
             if w in idle:
                 try:
@@ -373,11 +434,12 @@ class LocalActorPool:
             time.sleep(0.05)
         _LIVE_POOLS.discard(self)
 
-    def __enter__(self) -> "LocalActorPool":
+    def __enter__(self) -> LocalActorPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        return f"LocalActorPool(workers={self.workers}, alive={self.alive}, timeout_s={self.timeout_s:g}, actor_fn={self.actor_fn!r})"
+        return (f"LocalActorPool(workers={self.workers}, alive={self.alive}, timeout_s={self.timeout_s:g}, "
+                f"actor_fn={self.actor_fn!r})")

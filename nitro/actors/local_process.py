@@ -4,7 +4,9 @@
 over an inherited socket wrapped in ``multiprocessing.connection.Connection``: it loads the actor
 function, says it is ready, then loops: receive an event as JSON bytes, run the actor function,
 send the summary back as JSON bytes. Nothing is pickled, in either direction, not even at start-up.
-The worker exits when the pool's process is gone, so no worker outlives its run.
+The worker exits when the pool's process is gone, so no worker outlives its run. ``RESET`` (from a
+pool that takes over a kept worker, see ``keep_warm_workers``) drops what it kept between
+invocations, takes the new pool's environment and says it is ready again, as at start-up.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from nitro.actors.events import ActorSummary
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+RESET = b"reset"  # then the new pool's {"env": ...}; not JSON, so never an event
 
 
 def load_actor_fn(path: str) -> Callable[..., Any]:
@@ -67,10 +70,11 @@ def _worker_main(conn: Connection, actor_fn: str, memory_mb: int, parent_pid: in
             except RuntimeError:
                 pass
     except BaseException as exc:  # report why the worker cannot start, then exit
-        conn.send_bytes(json.dumps({"ready": False, "error": f"{type(exc).__name__}: {exc}"}).encode())
+        _say(conn, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         conn.close()
         return
-    conn.send_bytes(json.dumps({"ready": True, "pid": os.getpid()}).encode())
+    if not _say(conn, {"ready": True, "pid": os.getpid()}):
+        return
     while True:
         try:
             data = conn.recv_bytes()
@@ -78,6 +82,14 @@ def _worker_main(conn: Connection, actor_fn: str, memory_mb: int, parent_pid: in
             break
         if not data:  # the pool's stop message
             break
+        if data.startswith(RESET):  # a new pool's worker now: its environment, nothing of the last pool's
+            state.close()
+            os.environ.clear()
+            os.environ.update(json.loads(data[len(RESET):])["env"])
+            state = ActorState(memory_mb=memory_mb)
+            if not _say(conn, {"ready": True, "pid": os.getpid()}):
+                break
+            continue
         event: Any = None
         try:
             event = json.loads(data)
@@ -88,15 +100,24 @@ def _worker_main(conn: Connection, actor_fn: str, memory_mb: int, parent_pid: in
                 reply = ActorSummary.model_validate(out).model_dump(mode="json")
         except BaseException as exc:  # the actor function must not kill the loop
             inv = event.get("invocation_id", "unknown") if isinstance(event, dict) else "unknown"
-            reply = ActorSummary.failed(str(inv), f"{type(exc).__name__}: {exc}", memory_mb=memory_mb).model_dump(mode="json")
-        try:
-            conn.send_bytes(json.dumps(reply).encode())
-        except (OSError, ValueError):
+            failure = ActorSummary.failed(str(inv), f"{type(exc).__name__}: {exc}", memory_mb=memory_mb)
+            reply = failure.model_dump(mode="json")
+        if not _say(conn, reply):
             break
     try:
         state.close()
     except Exception:
         pass
+
+
+def _say(conn: Connection, message: dict) -> bool:
+    """Send ``message`` to the pool as JSON bytes; False when the pool is gone (a run stopped while
+    this worker started or ran): the worker then ends quietly, with no traceback on the run's stderr."""
+    try:
+        conn.send_bytes(json.dumps(message).encode())
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _main(argv: list[str]) -> None:

@@ -62,7 +62,8 @@ class ProfileReport:
         """A plain-text table for the CLI."""
         lines = [f"{'memory MB':>9}  {'median ms':>9}  {'p90 ms':>8}  {'$/invocation':>12}  {'$/1k steps':>10}  note"]
         for s in self.sizes:
-            note = "RECOMMENDED" if s.memory_mb == self.recommended_mb else ("failed" if s.failures else ("not slower" if s.not_slower else ""))
+            note = ("RECOMMENDED" if s.memory_mb == self.recommended_mb
+                    else "failed" if s.failures else "not slower" if s.not_slower else "")
             med = f"{s.median_ms:9.0f}" if s.median_ms is not None else f"{'-':>9}"
             p90 = f"{s.p90_ms:8.0f}" if s.p90_ms is not None else f"{'-':>8}"
             cost = f"{s.cost_per_invocation_usd:12.8f}" if s.cost_per_invocation_usd is not None else f"{'-':>12}"
@@ -128,21 +129,22 @@ def profile_actor(
         if res.durations_ms:
             ds = sorted(res.durations_ms)
             res.median_ms = statistics.median(ds)
-            res.p90_ms = ds[min(len(ds) - 1, int(round(0.9 * (len(ds) - 1))))]
+            res.p90_ms = ds[min(len(ds) - 1, round(0.9 * (len(ds) - 1)))]
             res.cost_per_invocation_usd = res.median_ms / 1000.0 * mem / 1024.0 * price + request_price
             if res.steps:
                 res.cost_per_1k_steps_usd = res.cost_per_invocation_usd * 1000.0 / res.steps
         results.append(res)
 
-    healthy = [r for r in results if r.failures == 0 and r.median_ms is not None]
+    healthy = [(r.median_ms, r) for r in results if r.failures == 0 and r.median_ms is not None]
     if not healthy:
         return ProfileReport(results, None, None, tolerance, architecture,
                              "no memory size completed every invocation; nothing to recommend")
-    fastest = min(healthy, key=lambda r: (r.median_ms, r.memory_mb))
-    limit = fastest.median_ms * (1.0 + tolerance)
-    for r in healthy:
-        r.not_slower = r.median_ms <= limit
-    best = min((r for r in healthy if r.not_slower), key=lambda r: (r.cost_per_invocation_usd, r.memory_mb))
-    reason = (f"recommended {best.memory_mb} MB: the cheapest size (${best.cost_per_invocation_usd:.8f}/invocation) whose median "
-              f"duration {best.median_ms:.0f} ms is within {tolerance:.0%} of the fastest ({fastest.memory_mb} MB, {fastest.median_ms:.0f} ms)")
+    fastest_ms, fastest = min(healthy, key=lambda mr: (mr[0], mr[1].memory_mb))
+    limit = fastest_ms * (1.0 + tolerance)
+    for median_ms, r in healthy:
+        r.not_slower = median_ms <= limit
+    best = min((r for _, r in healthy if r.not_slower), key=lambda r: (r.cost_per_invocation_usd, r.memory_mb))
+    reason = (f"recommended {best.memory_mb} MB: the cheapest size (${best.cost_per_invocation_usd:.8f}/invocation) "
+              f"whose median duration {best.median_ms:.0f} ms is within {tolerance:.0%} of the fastest "
+              f"({fastest.memory_mb} MB, {fastest_ms:.0f} ms)")
     return ProfileReport(results, best.memory_mb, fastest.memory_mb, tolerance, architecture, reason)

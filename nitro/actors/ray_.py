@@ -42,7 +42,7 @@ from nitro.actors.events import UNKNOWN_INVOCATION, ActorEvent, ActorSummary, ev
 from nitro.actors.lambda_answer import one_line
 from nitro.actors.local import DEFAULT_ACTOR_FN
 from nitro.actors.ray_cluster import RaySession
-from nitro.config_backend import RayConfig
+from nitro.config.backend import RayConfig
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,8 @@ class RayActorBackend:
         self.timeout_s = float(timeout_s)
         self.memory_mb = int(memory_mb)
         self.actor_fn = actor_fn
-        preload = tuple(preload) if preload is not None else (("nitro.rollout",) if actor_fn == DEFAULT_ACTOR_FN else ())
+        default_preload = ("nitro.actors.rollout",) if actor_fn == DEFAULT_ACTOR_FN else ()
+        preload = tuple(preload) if preload is not None else default_preload
         self._spec = json.dumps({"actor_fn": actor_fn, "memory_mb": self.memory_mb, "preload": list(preload)}).encode()
         self.session = RaySession.open(self.cfg, cpus=int(cpus or os.cpu_count() or 1))
         self._task = ray.remote(run_in_ray_worker).options(
@@ -213,7 +214,8 @@ class RayActorBackend:
             try:
                 data = ray.get(ref, timeout=GET_TIMEOUT_S)
             except Exception as exc:
-                return failed("the Ray backend was closed during the invocation" if self._closed else failure_reason(exc))
+                return failed("the Ray backend was closed during the invocation" if self._closed
+                              else failure_reason(exc))
         finally:
             with self._lock:
                 self._refs.pop(inv, None)
@@ -309,7 +311,7 @@ class RayActorBackend:
     def capacity(self) -> int:
         return self.session.capacity()
 
-    def __enter__(self) -> "RayActorBackend":
+    def __enter__(self) -> RayActorBackend:
         return self
 
     def __exit__(self, *exc: object) -> None:

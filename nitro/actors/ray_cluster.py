@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import psutil
 
 from nitro.actors.local_process import THREAD_ENV
-from nitro.config_backend import RayConfig
+from nitro.config.backend import JobKind, RayConfig
 from nitro.processes import on_main_thread
 
 log = logging.getLogger(__name__)
@@ -107,10 +107,10 @@ class RaySession:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def open(cls, cfg: RayConfig, cpus: int, kind: str = "actor") -> "RaySession":
+    def open(cls, cfg: RayConfig, cpus: int, kind: JobKind = "actor") -> RaySession:
         import ray
 
-        gpus = float(cfg.gpus_per_job.get(kind, 0.0))  # type: ignore[call-overload]
+        gpus = float(cfg.gpus_per_job.get(kind, 0.0))
         if ray.is_initialized():
             return cls(owned=False, local=False, cpus_per_job=cfg.cpus_per_job, gpus_per_job=gpus)
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no telemetry from a training run
@@ -153,7 +153,8 @@ class RaySession:
             self.owned = False
         if self.reaper is not None:
             try:
-                self.reaper.stdin.close()  # type: ignore[union-attr]
+                if self.reaper.stdin is not None:  # always a pipe: started with stdin=PIPE
+                    self.reaper.stdin.close()
                 self.reaper.wait(timeout=30)
             except (OSError, subprocess.TimeoutExpired):
                 self.reaper.kill()

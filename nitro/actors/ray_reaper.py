@@ -14,6 +14,7 @@ or dies, however it dies, and then kills every process on the list that is still
 
 from __future__ import annotations
 
+import os
 import select
 import signal
 import sys
@@ -58,7 +59,7 @@ def main(argv: list[str]) -> None:
     while True:
         _tracked(roots, known)
         ready, _, _ = select.select([sys.stdin], [], [], REFRESH_S)
-        if ready and not sys.stdin.buffer.read1(4096):
+        if ready and not os.read(sys.stdin.fileno(), 4096):
             break
     _tracked(roots, known)
     _kill(known)

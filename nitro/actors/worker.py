@@ -4,18 +4,19 @@ Local worker processes (nitro/actors/local.py) and the Lambda handler (actor_lam
 both run exactly this. It validates the event, fetches the round's weights from the trajectory
 cache, and then, by the event's mode:
 
-* ``train``: restores the unfinished episode the event names (``episode_key``, see
-  ``nitro/episodes.py``; an expired snapshot means a fresh episode, reported as
-  ``continued=False``), rolls out with ``nitro.rollout.rollout``, and writes the batch and the
-  snapshot of the episode it leaves unfinished under the invocation id;
-* ``eval_deterministic`` / ``eval_stochastic``: plays whole episodes with ``nitro.rollout.evaluate``
+* ``train``: restores the unfinished episodes the event names (``episode_key``, see
+  ``nitro/actors/episodes.py``; an expired snapshot means fresh episodes, reported as
+  ``continued=False``), rolls out with ``nitro.actors.rollout.rollout`` (an Atari actor over
+  ``n_envs`` games), and writes the batch and the snapshots of the episodes it leaves unfinished
+  under the invocation id;
+* ``eval_deterministic`` / ``eval_stochastic``: plays whole episodes with ``nitro.actors.rollout.evaluate``
   and writes nothing;
 
 and returns the small summary. It never raises: any failure becomes ``ActorSummary.failed`` with
 a one-line reason (never a password, never a stack trace).
 
 ``ActorState`` is what survives across warm invocations of one process: Redis clients by URL,
-envs and policies by env id, and the last weights (key and decoded arrays).
+envs, Atari games and policies by env id, and the last weights (key and decoded arrays).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class ActorState:
     secret_resolver: Callable[[str], str] = _secret_arn_not_implemented
     clients: dict[tuple[str, str], Any] = field(default_factory=dict)  # (url, password tag) -> redis.Redis
     envs: dict[str, Any] = field(default_factory=dict)  # env id -> gymnasium env
+    games: dict[str, Any] = field(default_factory=dict)  # Atari env id -> AtariGames a training rollout steps
     policies: dict[str, Any] = field(default_factory=dict)  # env id -> Policy module (of the last architecture)
     weights_key: str | None = None
     weights: dict[str, np.ndarray] | None = None
@@ -86,7 +88,8 @@ class ActorState:
             return None
         unknown = sorted(set(credentials) - {"env", "secret_arn"})
         if unknown or len(credentials) != 1:
-            raise CredentialsError(f"cache_credentials must be {{'env': VAR}} or {{'secret_arn': ARN}}, got keys {sorted(credentials)}")
+            raise CredentialsError("cache_credentials must be {'env': VAR} or {'secret_arn': ARN}, "
+                                   f"got keys {sorted(credentials)}")
         if "env" in credentials:
             var = credentials["env"]
             value = os.environ.get(var)
@@ -103,15 +106,17 @@ class ActorState:
             except Exception:
                 pass
         self.clients.clear()
-        for env in self.envs.values():
+        for env in [*self.envs.values(), *self.games.values()]:
             try:
                 env.close()
             except Exception:
                 pass
         self.envs.clear()
+        self.games.clear()
 
 
-def _memory_mb(state: ActorState, memory_mb: int | None) -> int:
+def memory_mb_of(state: ActorState, memory_mb: int | None) -> int:
+    """The memory an invocation is billed at: the caller's, the warm state's, else Lambda's own setting."""
     if memory_mb is not None:
         return int(memory_mb)
     if state.memory_mb is not None:
@@ -122,22 +127,25 @@ def _memory_mb(state: ActorState, memory_mb: int | None) -> int:
         return 0
 
 
-def _error_line(exc: BaseException) -> str:
+def error_line(exc: BaseException) -> str:
+    """An exception as one line with its type, for an ``ActorSummary``'s ``error``."""
     text = " ".join(str(exc).split())
     name = type(exc).__name__
     return f"{name}: {text}" if text else name
 
 
-def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = None, *, memory_mb: int | None = None) -> ActorSummary:
+def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = None, *,
+              memory_mb: int | None = None) -> ActorSummary:
     """Fetch the weights, roll out, write the batch, summarise. Never raises."""
     start = time.perf_counter()
     state = state if state is not None else ActorState()
-    mem = _memory_mb(state, memory_mb)
+    mem = memory_mb_of(state, memory_mb)
     state.invocations += 1
 
     def failed(reason: str, inv: str) -> ActorSummary:
         duration = time.perf_counter() - start
-        return ActorSummary.failed(inv, reason, duration_s=duration, billed_ms=math.ceil(duration * 1000), memory_mb=mem)
+        return ActorSummary.failed(inv, reason, duration_s=duration, billed_ms=math.ceil(duration * 1000),
+                                   memory_mb=mem)
 
     if isinstance(event, ActorEvent):
         ev = event
@@ -153,10 +161,11 @@ def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = Non
 
     cache = None
     try:
+        from nitro.actors.episodes import episodes_from_bytes, episodes_to_bytes
+        from nitro.actors.rollout import evaluate, games_for, rollout
         from nitro.cache import TrajectoryCache
-        from nitro.episodes import EpisodeSnapshot
+        from nitro.envs import env_spec
         from nitro.models import Architecture
-        from nitro.rollout import evaluate, rollout
         from nitro.serialization import dumps_tensors, loads_tensors
 
         password = state.resolve_password(ev.cache_credentials)
@@ -168,12 +177,14 @@ def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = Non
             state.weights_key, state.weights, state.weights_meta = ev.weights_key, arrays, meta
         meta = state.weights_meta
         if meta.get("env_id") not in (None, ev.env_id):
-            return _kept(cache, ev, failed(f"weights {ev.weights_key!r} are for env {meta.get('env_id')!r}, the event asks for {ev.env_id!r}", ev.invocation_id))
+            return _kept(cache, ev, failed(f"weights {ev.weights_key!r} are for env {meta.get('env_id')!r}, "
+                                           f"the event asks for {ev.env_id!r}", ev.invocation_id))
 
-        env, policy = _env_and_policy(state, ev.env_id, Architecture.from_meta(meta.get("arch")))
+        policy = _policy(state, ev.env_id, Architecture.from_meta(meta.get("arch")))
         if ev.mode != "train":
-            played = evaluate(state.weights, ev.env_id, ev.seed, ev.n_episodes, deterministic=ev.mode == "eval_deterministic",
-                              max_steps=ev.n_steps, policy=policy, env=env)
+            played = evaluate(state.weights, ev.env_id, ev.seed, ev.n_episodes, max_steps=ev.n_steps,
+                              deterministic=ev.mode == "eval_deterministic", policy=policy,
+                              env=_env(state, ev.env_id))
             duration = time.perf_counter() - start
             return _kept(cache, ev, ActorSummary(
                 invocation_id=ev.invocation_id, ok=True, steps=played.steps,
@@ -182,14 +193,19 @@ def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = Non
                 duration_s=duration, billed_ms=math.ceil(duration * 1000), memory_mb=mem,
             ))
 
-        resume = None
+        resume = []
         if ev.episode_key is not None:
-            stored_episode = cache.fetch_episode(ev.episode_key)
-            resume = EpisodeSnapshot.from_bytes(stored_episode) if stored_episode is not None else None
-            if resume is not None and resume.env_id != ev.env_id:
-                return _kept(cache, ev, failed(f"episode {ev.episode_key!r} is of env {resume.env_id!r}, the event asks for {ev.env_id!r}",
-                                               ev.invocation_id))
-        result = rollout(state.weights, ev.env_id, ev.seed, ev.n_steps, resume=resume, policy=policy, env=env)
+            stored_episode = cache.fetch(ev.episode_key)
+            resume = episodes_from_bytes(stored_episode) if stored_episode is not None else []
+            if resume and resume[0].env_id != ev.env_id:
+                return _kept(cache, ev, failed(f"episode {ev.episode_key!r} is of env {resume[0].env_id!r}, "
+                                               f"the event asks for {ev.env_id!r}", ev.invocation_id))
+        if env_spec(ev.env_id).is_atari:
+            env = state.games[ev.env_id] = games_for(ev.env_id, ev.n_envs, ev.n_steps, state.games.get(ev.env_id))
+        else:
+            env = _env(state, ev.env_id)
+        result = rollout(state.weights, ev.env_id, ev.seed, ev.n_steps, n_envs=ev.n_envs, resume=resume,
+                         policy=policy, env=env)
 
         version = meta.get("version", str(ev.round))
         batch_meta = {
@@ -202,7 +218,7 @@ def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = Non
             "seed": ev.seed,
         }
         payload = dumps_tensors(result.batch, batch_meta)
-        carry = result.carry.to_bytes() if result.carry is not None else None
+        carry = episodes_to_bytes(result.carry) if result.carry else None
         key, stored = cache.put_batch(ev.round, ev.invocation_id, payload, episode=carry)
         episode_key = cache.episode_key(ev.round, ev.invocation_id) if carry is not None else None
         if not stored:
@@ -220,35 +236,42 @@ def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = Non
             batch_key=key,
             batch_bytes=len(payload),
             memory_mb=mem,
-            continued=resume is not None,
+            continued=bool(resume),
             episode_key=episode_key,
         ))
     except Exception as exc:  # the actor never raises: the invoker gets one line
         log.debug("actor %s failed", ev.invocation_id, exc_info=True)
-        return _kept(cache, ev, failed(_error_line(exc), ev.invocation_id))
+        return _kept(cache, ev, failed(error_line(exc), ev.invocation_id))
 
 
 def _kept(cache, ev: ActorEvent, summary: ActorSummary) -> ActorSummary:
     """``summary``, after leaving a copy in the cache: if the learner dies before it reads the
-    answer, the resumed run still bills this invocation from it (nitro.engine, in-flight
+    answer, the resumed run still bills this invocation from it (nitro.run.engine, in-flight
     billing). Best effort: the answer itself is what counts, so a failed write is only logged."""
     if cache is not None:
         try:
             cache.put_summary(ev.round, ev.invocation_id, summary.model_dump_json())
         except Exception as exc:
-            log.debug("actor %s: summary not kept in the cache: %s", ev.invocation_id, _error_line(exc))
+            log.debug("actor %s: summary not kept in the cache: %s", ev.invocation_id, error_line(exc))
     return summary
 
 
-def _env_and_policy(state: ActorState, env_id: str, arch):
-    """The process's env and policy for ``env_id`` (and the policy's architecture), built on first
-    use and reused afterwards. ``rollout`` reseeds or restores the env and reloads the policy's
-    weights, so reuse never changes a result."""
-    from nitro.envs import env_spec, make_env
+def _policy(state: ActorState, env_id: str, arch):
+    """The process's policy for ``env_id`` (of architecture ``arch``), built on first use and
+    reused afterwards: ``rollout`` and ``evaluate`` reload its weights, so reuse never changes a
+    result (nor does reusing the envs: they are reseeded or restored)."""
+    from nitro.envs import env_spec
     from nitro.models import build_policy
+
+    if env_id not in state.policies or state.policies[env_id].arch != arch:
+        state.policies[env_id] = build_policy(env_spec(env_id), arch=arch)
+    return state.policies[env_id]
+
+
+def _env(state: ActorState, env_id: str):
+    """The process's env of ``env_id`` (evaluation, and training on any env but Atari)."""
+    from nitro.envs import make_env
 
     if env_id not in state.envs:
         state.envs[env_id] = make_env(env_id)
-    if env_id not in state.policies or state.policies[env_id].arch != arch:
-        state.policies[env_id] = build_policy(env_spec(env_id), arch=arch)
-    return state.envs[env_id], state.policies[env_id]
+    return state.envs[env_id]

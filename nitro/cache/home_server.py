@@ -1,6 +1,6 @@
 """One local Redis per Nitro home, shared by every nitro process that opens a run there.
 
-Without a configured Redis, a run keeps its trajectories (and its writer lease, nitro/lease.py)
+Without a configured Redis, a run keeps its trajectories (and its writer lease, nitro/cache/lease.py)
 in a local ``redis-server`` persisted under ``<home>/redis``. Two servers on one data directory
 would write one append-only file and each hold a different lease, so two resumers of one run
 would both run. ``HomeRedis`` lets one process per home own the server: it holds an exclusive
@@ -41,7 +41,7 @@ class HomeRedis:
     def owner(self) -> bool:
         return self.server is not None
 
-    def __enter__(self) -> "HomeRedis":
+    def __enter__(self) -> HomeRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + self.wait_s
         while True:

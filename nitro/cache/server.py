@@ -25,7 +25,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from nitro.cache.urls import CacheError, CacheUnavailableError, _one_line
+from nitro.cache.urls import CacheError, CacheUnavailableError, one_line
 from nitro.processes import die_with_parent, on_main_thread
 
 
@@ -72,7 +72,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-_LIVE_SERVERS: "weakref.WeakSet[LocalRedisServer]" = weakref.WeakSet()
+_LIVE_SERVERS: weakref.WeakSet[LocalRedisServer] = weakref.WeakSet()
 
 
 @atexit.register
@@ -172,16 +172,16 @@ class LocalRedisServer:
             args += ["--requirepass", self.password]
         return args + self.extra_args
 
-    def start(self) -> "LocalRedisServer":
+    def start(self) -> LocalRedisServer:
         with self._lock:
             if self.running:
                 return self
             exe = self.binary or redis_server_binary()
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            fixed_port = self.port is not None
+            fixed_port = self.port  # None: a free port, tried up to three times
             last_error = ""
-            for _attempt in range(1 if fixed_port else 3):
-                port = self.port if fixed_port else free_port()
+            for _attempt in range(1 if fixed_port is not None else 3):
+                port = fixed_port if fixed_port is not None else free_port()
                 main_thread = on_main_thread()
                 proc = subprocess.Popen(
                     self._args(exe, port),
@@ -198,7 +198,7 @@ class LocalRedisServer:
                 if ok:
                     return self
                 self._kill()
-                if not fixed_port:
+                if fixed_port is None:
                     self.port = None
             raise CacheUnavailableError(f"redis-server ({exe}) did not start: {last_error}")
 
@@ -222,11 +222,12 @@ class LocalRedisServer:
                 if conn.read_response() in (b"PONG", "PONG", True):
                     return True, ""
             except (redis.RedisError, OSError) as exc:  # refused, or LOADING the AOF
-                last = _one_line(exc)
+                last = one_line(exc)
             finally:
                 conn.disconnect()
             time.sleep(0.02)
-        return False, f"no PING answer on 127.0.0.1:{port} within {self.startup_timeout_s:.0f}s ({last}); {self._log_tail()}"
+        return False, (f"no PING answer on 127.0.0.1:{port} within {self.startup_timeout_s:.0f}s ({last}); "
+                       f"{self._log_tail()}")
 
     def _log_tail(self) -> str:
         try:
@@ -286,7 +287,7 @@ class LocalRedisServer:
             self.process = None
             _LIVE_SERVERS.discard(self)
 
-    def __enter__(self) -> "LocalRedisServer":
+    def __enter__(self) -> LocalRedisServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -5,7 +5,7 @@
     nitro:{run_id}:r{round:05d}:weights                   published once (SET NX)
     nitro:{run_id}:r{round:05d}:batch:{invocation_id}     one actor's batch (SET NX)
     nitro:{run_id}:r{round:05d}:done                      list of invocation ids (RPUSH / BLPOP)
-    nitro:{run_id}:r{round:05d}:episode:{invocation_id}   the episode it left unfinished (nitro/episodes.py)
+    nitro:{run_id}:r{round:05d}:episode:{invocation_id}   the episode it left unfinished (nitro/actors/episodes.py)
     nitro:{run_id}:r{round:05d}:summary:{invocation_id}   its ActorSummary as JSON (billing a round that died)
 
 (the braces are placeholders, not Redis hash tags). A batch write, its episode snapshot and its
@@ -65,6 +65,13 @@ def batch_samples(payload: bytes) -> int:
     return 0
 
 
+def _stored(value: bytes | str | None) -> bytes | None:
+    """A value as stored: the cache's clients never decode responses, so a str means a misbuilt client."""
+    if isinstance(value, str):
+        raise TypeError("the trajectory cache needs a Redis client with decode_responses=False")
+    return value
+
+
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
@@ -104,6 +111,9 @@ class TrajectoryCache:
     def summary_key(self, round_idx: int, invocation_id: str) -> str:
         return f"{self.round_prefix(round_idx)}:summary:{invocation_id}"
 
+    def started_key(self, round_idx: int, invocation_id: str) -> str:
+        return f"{self.round_prefix(round_idx)}:started:{invocation_id}"
+
     # -- weights -------------------------------------------------------------------------------
 
     def publish_weights(self, round_idx: int, payload: bytes) -> str:
@@ -116,7 +126,7 @@ class TrajectoryCache:
         return key, bool(self.client.set(key, payload, nx=True, ex=self.ttl_s))
 
     def fetch_weights(self, key: str) -> bytes:
-        data = self.client.get(key)
+        data = _stored(self.client.get(key))
         if data is None:
             raise CacheKeyMissingError(f"weights key {key!r} is missing or expired (published? TTL {self.ttl_s}s?)")
         return data
@@ -129,19 +139,20 @@ class TrajectoryCache:
         ``episode_key``) and announce it, atomically. ``stored`` is False for a duplicate
         delivery: the first batch and snapshot stay and the id is not enqueued again."""
         key = self.batch_key(round_idx, invocation_id)
-        keys, args = [key, self.done_key(round_idx)], [payload, invocation_id, self.ttl_s]
+        keys = [key, self.done_key(round_idx)]
+        args: list[bytes | str | int] = [payload, invocation_id, self.ttl_s]
         if episode is not None:
             keys.append(self.episode_key(round_idx, invocation_id))
             args.append(episode)
         stored = self._put_batch(keys=keys, args=args)
         return key, bool(int(stored))
 
-    def fetch_episode(self, key: str) -> bytes | None:
-        """An episode snapshot; None if it expired (the episode then starts afresh)."""
-        return self.client.get(key)
+    def fetch(self, key: str) -> bytes | None:
+        """The value under a key this cache named (a batch, an episode snapshot); None if it expired."""
+        return _stored(self.client.get(key))
 
     def get_batch(self, round_idx: int, invocation_id: str) -> bytes | None:
-        return self.client.get(self.batch_key(round_idx, invocation_id))
+        return _stored(self.client.get(self.batch_key(round_idx, invocation_id)))
 
     # -- summaries -----------------------------------------------------------------------------
 
@@ -150,13 +161,28 @@ class TrajectoryCache:
         invocation on resume (Lambda bills it whether or not the learner saw the answer)."""
         self.client.set(self.summary_key(round_idx, invocation_id), summary_json, ex=self.ttl_s)
 
+    def mark_started(self, round_idx: int, invocation_id: str) -> None:
+        """Note, just before it is invoked, that an invocation planned to start only when its
+        inputs are ready did start: a resumed run bills it even without a summary, and never bills
+        one that never started."""
+        self.client.set(self.started_key(round_idx, invocation_id), b"1", ex=self.ttl_s)
+
+    def started(self, round_idx: int, invocation_ids: list[str]) -> set[str]:
+        """The ids among ``invocation_ids`` that ``mark_started`` marked."""
+        out: set[str] = set()
+        for i in range(0, len(invocation_ids), 64):
+            chunk = invocation_ids[i : i + 64]
+            values = self.client.mget([self.started_key(round_idx, x) for x in chunk])
+            out.update(inv for inv, v in zip(chunk, values) if v is not None)
+        return out
+
     def get_summaries(self, round_idx: int, invocation_ids: list[str]) -> dict[str, bytes]:
         """The stored summaries among ``invocation_ids`` (an id without one is left out)."""
         out: dict[str, bytes] = {}
         for i in range(0, len(invocation_ids), 64):
             chunk = invocation_ids[i : i + 64]
             values = self.client.mget([self.summary_key(round_idx, x) for x in chunk])
-            out.update({inv: v for inv, v in zip(chunk, values) if v is not None})
+            out.update({inv: v for inv, v in zip(chunk, map(_stored, values)) if v is not None})
         return out
 
     def collect(
@@ -182,7 +208,7 @@ class TrajectoryCache:
             for i in range(0, len(ids), 16):
                 chunk = ids[i : i + 16]
                 values = self.client.mget([self.batch_key(round_idx, x) for x in chunk])
-                for inv, data in zip(chunk, values):
+                for inv, data in zip(chunk, map(_stored, values)):
                     if data is not None and inv in result.missing:
                         result.batches[inv] = data
                         result.missing.discard(inv)

@@ -69,10 +69,12 @@ def strip_password(url: str) -> str:
         return url
     userinfo, hostport = parts.netloc.rsplit("@", 1)
     user = userinfo.partition(":")[0]
-    return urlunsplit((parts.scheme, f"{user}@{hostport}" if user else hostport, parts.path, parts.query, parts.fragment))
+    netloc = f"{user}@{hostport}" if user else hostport
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line, at most 300 characters."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text[:300]
 
@@ -81,7 +83,7 @@ def _connection_kwargs(url: str, password: str | None, password_env: str | None)
     try:
         parts = urlsplit(url)
     except ValueError as exc:
-        raise CacheUnavailableError(f"invalid Redis URL {redact_url(url)}: {_one_line(exc)}") from None
+        raise CacheUnavailableError(f"invalid Redis URL {redact_url(url)}: {one_line(exc)}") from None
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise CacheUnavailableError(f"invalid Redis URL {redact_url(url)}: scheme must be redis://, rediss:// or unix://")
     query = dict(parse_qsl(parts.query, keep_blank_values=False))
@@ -91,7 +93,7 @@ def _connection_kwargs(url: str, password: str | None, password_env: str | None)
     try:
         kwargs = redis.connection.parse_url(url)
     except ValueError as exc:
-        raise CacheUnavailableError(f"invalid Redis URL {redact_url(url)}: {_one_line(exc)}") from None
+        raise CacheUnavailableError(f"invalid Redis URL {redact_url(url)}: {one_line(exc)}") from None
     if password is None and not kwargs.get("password") and password_env:
         password = os.environ.get(password_env) or None
     if password is not None:
@@ -105,7 +107,8 @@ def _connection_kwargs(url: str, password: str | None, password_env: str | None)
             kwargs["ssl_keyfile"] = os.environ[KEY_ENV]
         for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
             if name in kwargs and not os.path.exists(kwargs[name]):
-                raise CacheUnavailableError(f"cannot connect to {redact_url(url)}: {name} file not found: {kwargs[name]}")
+                raise CacheUnavailableError(
+                    f"cannot connect to {redact_url(url)}: {name} file not found: {kwargs[name]}")
     return kwargs
 
 
@@ -144,15 +147,16 @@ def connect_redis(
         probe.send_command("PING")
         probe.read_response()
     except redis.AuthenticationError as exc:
-        raise CacheUnavailableError(f"Redis at {shown} refused the credentials: {_one_line(exc)}") from None
+        raise CacheUnavailableError(f"Redis at {shown} refused the credentials: {one_line(exc)}") from None
     except redis.ResponseError as exc:
-        msg = _one_line(exc)
+        msg = one_line(exc)
         if "NOAUTH" in msg or "WRONGPASS" in msg or "AUTH" in msg.upper():
             raise CacheUnavailableError(f"Redis at {shown} refused the credentials: {msg}") from None
         raise CacheUnavailableError(f"Redis at {shown} answered PING with an error: {msg}") from None
     except (redis.RedisError, OSError, TypeError, ValueError) as exc:
         waited = time.monotonic() - start
-        raise CacheUnavailableError(f"cannot connect to Redis at {shown} after {waited:.1f}s: {_one_line(exc)}") from None
+        raise CacheUnavailableError(
+            f"cannot connect to Redis at {shown} after {waited:.1f}s: {one_line(exc)}") from None
     finally:
         try:
             probe.disconnect()

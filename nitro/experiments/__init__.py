@@ -2,7 +2,7 @@
 
 Plain Python, no Prefect; ``flows/experiment.py`` orchestrates, ``cli/experiment.py`` is the
 command line. Import the public names from ``nitro.experiments``; the submodules each do one job
-(the spec, its cells, a cell's resume state, the statistics, the report).
+(the spec, its cells, a cell's resume state, the statistics, rliable's aggregates, the report).
 
 The spec (YAML)
 ---------------
@@ -49,18 +49,19 @@ cell. With no nitro cell for that (env, algo, seed) the random cell keeps the ba
 ``scaler.random_mean_actors`` or ``random_boost_prob``; the report says which was used.
 
 On another machine: a cell's checkpoints and MLflow run stay where it ran, but its report keeps
-its numbers (``results.json``: row, per-round history, config, machine). Run on a new machine with
-the same report directory, the experiment carries each finished cell whose training config is
-unchanged (``carry.py``) into the new report and does not train it again; a random cell is matched
-to a carried nitro cell's actors. Each run's CPU model is in ``runs.csv`` (``machine``, the run's
-``nitro.machine`` tag), and the report lists the runs by machine when they differ.
+its numbers (``results.json``: row, config, machine; ``rounds.csv``, or ``rounds.csv.gz`` when
+large: the per-round history). Run on a new machine with the same report directory, the
+experiment carries each finished cell whose training config is unchanged (``carry.py``) into the
+new report and does not train it again; a random cell is matched to a carried nitro cell's actors.
+Each run's CPU model is in ``runs.csv`` (``machine``, the run's ``nitro.machine`` tag), and the
+report lists the runs by machine when they differ.
 
 Sensitivity (``--sensitivity``): one parameter at a time, the others at the base value, for the
 ``sensitivity.scaler`` cells (default nitro) over ``sensitivity.seeds``. A swept value equal to
 the base value is the main matrix's cell itself, not a second run.
 """
 
-from nitro.experiments.carry import CarriedRun, carried_runs
+from nitro.experiments.carry import CarriedRun, carried_runs, replay_counts
 from nitro.experiments.cells import (
     Cell,
     cell_config,
@@ -68,6 +69,7 @@ from nitro.experiments.cells import (
     cell_scaler,
     expand_cells,
     nitro_partner,
+    replay_partner,
     select_cells,
     sensitivity_cells,
 )
@@ -85,6 +87,8 @@ from nitro.experiments.spec import (
 )
 from nitro.experiments.state import (
     DONE_MARKER,
+    actors_launched,
+    actors_per_round,
     cell_state,
     mark_done,
     mean_actors_launched,
@@ -107,6 +111,8 @@ __all__ = [
     "MatrixSpec",
     "Report",
     "SensitivitySpec",
+    "actors_launched",
+    "actors_per_round",
     "build_report",
     "carried_runs",
     "cell_config",
@@ -123,6 +129,8 @@ __all__ = [
     "mean_actors_launched",
     "mean_actors_per_round",
     "nitro_partner",
+    "replay_counts",
+    "replay_partner",
     "saved_config_mismatch",
     "select_cells",
     "sensitivity_cells",

@@ -7,8 +7,9 @@ import copy
 import hashlib
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from nitro.config import NitroConfig
 
@@ -16,11 +17,11 @@ if TYPE_CHECKING:
     from nitro.experiments.spec import ExperimentSpec
 
 
-def _slug(text: str, n: int = 40) -> str:
+def slug(text: str, n: int = 40) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", str(text).lower())).strip("-")[:n]
 
 
-def _fmt_value(v: Any) -> str:
+def fmt_value(v: Any) -> str:
     return repr(v) if isinstance(v, str) else (f"{v:g}" if isinstance(v, float) else str(v))
 
 
@@ -37,13 +38,13 @@ class Cell:
     @property
     def key(self) -> str:
         parts = [self.env, self.algo, self.scaler, f"seed={self.seed}"]
-        parts += [f"{k}={_fmt_value(v)}" for k, v in self.variant]
+        parts += [f"{k}={fmt_value(v)}" for k, v in self.variant]
         return "/".join(parts)
 
     @property
     def label(self) -> str:
         """The group a cell's seeds are averaged in: the scaler or baseline, plus the sensitivity value."""
-        return " ".join([self.scaler, *(f"{k}={_fmt_value(v)}" for k, v in self.variant)])
+        return " ".join([self.scaler, *(f"{k}={fmt_value(v)}" for k, v in self.variant)])
 
     @property
     def is_sensitivity(self) -> bool:
@@ -61,8 +62,8 @@ def cell_run_id(experiment: str, cell: Cell) -> str:
     The same spec always maps a cell to the same run id, which is what makes an experiment
     resumable (the run's checkpoints and MLflow run are found by it)."""
     digest = hashlib.sha1(json.dumps([experiment, cell.key]).encode()).hexdigest()[:8]
-    parts = [_slug(experiment, 24), _slug(cell.env.split("/")[-1], 16), cell.algo, cell.scaler, f"s{cell.seed}"]
-    parts += [f"{_slug(k.split('.')[-1], 8)}{_slug(_fmt_value(v), 8)}" for k, v in cell.variant]
+    parts = [slug(experiment, 24), slug(cell.env.split("/")[-1], 16), cell.algo, cell.scaler, f"s{cell.seed}"]
+    parts += [f"{slug(k.split('.')[-1], 8)}{slug(fmt_value(v), 8)}" for k, v in cell.variant]
     return "-".join(p for p in parts if p) + f"-{digest}"
 
 
@@ -80,10 +81,13 @@ def cell_scaler(spec: ExperimentSpec, cell: Cell) -> str:
 
 
 def expand_cells(spec: ExperimentSpec, sensitivity: bool = False) -> list[Cell]:
-    """The cells in run order: per env, algo, seed, the scalers with ``nitro`` first (``random``
-    needs its measured mean actors); then, with ``sensitivity``, the sweep's extra cells."""
+    """The cells in run order: per env, algo, seed, the scalers with ``nitro`` first and the
+    cells that read another cell's outcome last (``random`` needs nitro's measured mean actors, a
+    ``replay`` the counts of the entry it replays); then, with ``sensitivity``, the sweep's extra
+    cells."""
     m = spec.matrix
-    order = sorted(m.scaler, key=lambda s: (s != "nitro", spec.baseline(s).scaler == "random"))  # stable otherwise
+    # the cells that read another's outcome after it: random after nitro, a replay after what it replays
+    order = sorted(m.scaler, key=lambda s: (s != "nitro", spec.baseline(s).scaler in ("random", "replay")))
     cells = [Cell(env, algo, scaler, seed) for env in m.env for algo in m.algo for seed in m.seed for scaler in order]
     if sensitivity and spec.sensitivity is not None:
         seen = {c.key for c in cells}
@@ -145,9 +149,12 @@ def sensitivity_cells(spec: ExperimentSpec, cells: Sequence[Cell]) -> dict[str, 
     return out
 
 
-def cell_config(spec: ExperimentSpec, cell: Cell, random_mean_actors: float | None = None) -> NitroConfig:
+def cell_config(spec: ExperimentSpec, cell: Cell, random_mean_actors: float | None = None,
+                replay_actors: Sequence[int] | None = None) -> NitroConfig:
     """The cell's full NitroConfig (raises ConfigError): base, the spec's overrides, the cell's
-    baseline (its scaler and overrides), its place in the matrix, then what ``compare`` sets."""
+    baseline (its scaler and overrides), its place in the matrix, then what ``compare`` sets, and
+    what it reads from its partner cell (``partner_cell``): a random cell nitro's mean actors, a
+    replay cell the counts it replays."""
     baseline = spec.baseline(cell.scaler)
     extra = [*spec.overrides, f"scaler.name={baseline.scaler}", *baseline.overrides, *cell.overrides(),
              f"tracking.experiment={spec.name}"]
@@ -157,6 +164,8 @@ def cell_config(spec: ExperimentSpec, cell: Cell, random_mean_actors: float | No
         extra += ["budget_usd=null", f"rounds={spec.rounds}"]
     if random_mean_actors is not None and baseline.scaler == "random":
         extra.append(f"scaler.random_mean_actors={float(random_mean_actors)!r}")
+    if replay_actors is not None and baseline.scaler == "replay":
+        extra.append(f"scaler.replay_actors=[{', '.join(str(int(n)) for n in replay_actors)}]")
     # A deep copy: NitroConfig.load applies dotted overrides in place into nested dicts of its input.
     return NitroConfig.load(copy.deepcopy(spec.base), extra)
 
@@ -164,3 +173,10 @@ def cell_config(spec: ExperimentSpec, cell: Cell, random_mean_actors: float | No
 def nitro_partner(cell: Cell) -> Cell:
     """The nitro cell whose measured mean actors a ``random`` cell matches."""
     return Cell(cell.env, cell.algo, "nitro", cell.seed)
+
+
+def replay_partner(spec: ExperimentSpec, cell: Cell) -> Cell | None:
+    """The cell whose actor counts a ``replay`` cell replays (its baseline's ``replays`` entry, at
+    the same env, algo and seed); None for any other cell."""
+    replays = spec.baseline(cell.scaler).replays
+    return Cell(cell.env, cell.algo, replays, cell.seed) if replays is not None else None

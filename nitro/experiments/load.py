@@ -4,7 +4,8 @@ or a bad base config fails before anything runs."""
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from nitro.config import ConfigError, load_spec_model
 from nitro.experiments.cells import cell_config, expand_cells
@@ -25,7 +26,7 @@ def load_spec(source: str | os.PathLike | Mapping[str, Any], overrides: Sequence
         except ConfigError as exc:
             raise ExperimentError(f"{where}: {in_baseline}{exc}") from None
         path = config.scaler.minionsrl.path
-        if config.scaler.name == "minionsrl" and path not in checked:
+        if config.scaler.name == "minionsrl" and path is not None and path not in checked:  # validated: it is set
             checked.add(path)
             _check_scheduler(path, f"{where}: {in_baseline}scaler.minionsrl.path")
     return spec
@@ -33,7 +34,7 @@ def load_spec(source: str | os.PathLike | Mapping[str, Any], overrides: Sequence
 
 def _check_scheduler(path: str, field: str) -> None:
     """A MinionsRL cell's scheduler file must be one before any cell runs, not when its cell starts."""
-    from nitro.minionsrl.pretrain import load_scheduler
+    from nitro.scaling.minionsrl.pretrain import load_scheduler
 
     try:
         load_scheduler(path)

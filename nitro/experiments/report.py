@@ -1,4 +1,7 @@
-"""An experiment's report: plots, a Markdown summary, CSV/JSON raw numbers and machine info, all from MLflow."""
+"""An experiment's report: plots, a Markdown summary, CSV/JSON raw numbers and machine info, all from MLflow.
+
+The per-round metrics are in the rounds file alone (``nitro.experiments.rounds``); ``results.json``
+holds the rest: the spec, every cell's row and config, the summary, the ratios, the notes, the machine."""
 
 from __future__ import annotations
 
@@ -7,18 +10,28 @@ import json
 import math
 import os
 from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
+from nitro.experiments.aggregate import (
+    ACROSS_BLOCK,
+    across_section,
+    start_return,
+    statistics_block,
+    task_block,
+    task_statistics,
+)
 from nitro.experiments.carry import CarriedRun
-from nitro.experiments.cells import Cell, _fmt_value, _slug, cell_config, sensitivity_cells
+from nitro.experiments.cells import Cell, cell_config, fmt_value, sensitivity_cells, slug
 from nitro.experiments.machine import machine_info, machine_markdown
+from nitro.experiments.rounds import write_rounds
 from nitro.experiments.spec import ExperimentSpec
 from nitro.experiments.stats import (
     LATE_EVALUATIONS,
-    _finite,
     experiment_rows,
+    finite,
     format_ratios,
     format_summary,
     late_return,
@@ -38,6 +51,9 @@ class Report:
     summary: list[dict[str, Any]] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     ratios: list[dict[str, Any]] = field(default_factory=list)
+    # rliable's per task and arm (task_statistics) and across tasks, per metric (across_tasks)
+    task_statistics: list[dict[str, Any]] = field(default_factory=list)
+    across_tasks: list[dict[str, Any]] = field(default_factory=list)
     markdown: str = ""
 
 
@@ -50,13 +66,13 @@ def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[
     return path
 
 
-def _json_safe(x: Any) -> Any:
+def json_safe(x: Any) -> Any:
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, Mapping):
-        return {str(k): _json_safe(v) for k, v in x.items()}
+        return {str(k): json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
+        return [json_safe(v) for v in x]
     if isinstance(x, Path):
         return str(x)
     return x
@@ -81,8 +97,8 @@ def build_report(
     reported from the earlier report's numbers where this MLflow store has no finished run of it."""
     from mlflow.tracking import MlflowClient
 
-    from nitro import plots
-    from nitro.compare import format_table
+    from nitro.tracking import plots
+    from nitro.tracking.compare import format_table
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -109,7 +125,11 @@ def build_report(
     rows.sort(key=lambda r: order[r["cell"]])
     for r in rows:  # from the history, so a carried run (its report older than the column) has it too
         r["late_return"] = late_return(histories[r["mlflow_run_id"]])
+        r["start_return"] = start_return(histories[r["mlflow_run_id"]])
     report.rows = rows
+    round_rows = [{"run_name": r["run_name"], "label": r["label"], "env": r["env"], "algo": r["algo"],
+                   "seed": r["seed"], **h} for r in rows for h in histories[r["mlflow_run_id"]]]
+    rounds_file = write_rounds(out, round_rows, ["run_name", "label", "env", "algo", "seed", "round", *REPORT_METRICS])
 
     main_labels = list(dict.fromkeys(c.label for c in cells if not c.is_sensitivity))
     main_rows = [r for r in rows if not r["variant"]]
@@ -129,17 +149,17 @@ def build_report(
         "Final return: the run's last evaluation, whole episodes with the policy's mean action "
         "(`nitro compare`'s `final return`; a budget run spends what it kept in hand on evaluating "
         f"its last policy); last {LATE_EVALUATIONS} evals' return: the mean of the run's last "
-        f"{LATE_EVALUATIONS} evaluations (`rounds.csv`'s `eval_return_mean`), which says where a run "
+        f"{LATE_EVALUATIONS} evaluations (`{rounds_file.name}`'s `eval_return_mean`), which says where a run "
         "stood over its last rounds where its last evaluation alone may catch a swing; total spend: "
         "the ledger's cumulative spend. All as mean ± 95% t-interval over seeds.",
         "",
-        _clock_line(cell_config(spec, cells[0])),
+        _clock_line(cell_config(spec, cells[0]), rounds_file.name),
         "",
         *_baselines_table(spec, cells),
     ]
     if spec.compare == "budget":
         md += ["A cell stops when the budget cap finds no room for another round. The cap reserves "
-               "upper bounds (nitro/budget.py): the learner's time until the next decision and each actor's "
+               "upper bounds (nitro/scaling/budget.py): the learner's time until the next decision and each actor's "
                "timeout-bounded cost, so "
                "cells with long (boosted) rounds leave more of the budget unspent; read the total spend "
                "column next to the return.", ""]
@@ -149,7 +169,7 @@ def build_report(
 
     for env in spec.matrix.env:
         for algo in spec.matrix.algo:
-            stem = f"{_slug(env.split('/')[-1])}-{algo}"
+            stem = f"{slug(env.split('/')[-1])}-{algo}"
             groups: dict[str, list[list[dict[str, float]]]] = {}
             for lab in main_labels:
                 runs = [histories[r["mlflow_run_id"]] for r in main_rows
@@ -162,11 +182,13 @@ def build_report(
                 continue
             title = f"{env} {algo}"
             figs = [
-                plots.plot_group_curves(groups, out / f"{stem}-return-vs-round.png", x_key="round", y_key="eval_return_mean",
+                plots.plot_group_curves(groups, out / f"{stem}-return-vs-round.png", x_key="round",
+                                        y_key="eval_return_mean",
                                         title=f"{title}: evaluation return vs round (mean ± 95% CI)",
                                         ylabel="evaluation return (whole episodes)"),
                 plots.plot_group_curves(groups, out / f"{stem}-return-vs-spend.png", x_key="spend_total_usd",
-                                        y_key="eval_return_mean", title=f"{title}: evaluation return vs cumulative spend",
+                                        y_key="eval_return_mean",
+                                        title=f"{title}: evaluation return vs cumulative spend",
                                         xlabel="cumulative spend (USD)", ylabel="evaluation return (whole episodes)"),
                 plots.plot_group_curves(groups, out / f"{stem}-actors-per-round.png", x_key="round",
                                         y_key="actors_launched", title=f"{title}: actors per round",
@@ -174,7 +196,8 @@ def build_report(
             ]
             summ = [s for s in report.summary if s["env"] == env and s["algo"] == algo]
             figs.append(plots.plot_group_bars({s["label"]: s["final_return_values"] for s in summ},
-                                              out / f"{stem}-final-return.png", title=f"{title}: final evaluation return",
+                                              out / f"{stem}-final-return.png",
+                                              title=f"{title}: final evaluation return",
                                               ylabel="final evaluation return"))
             figs.append(plots.plot_group_bars({s["label"]: s["total_spend_usd_values"] for s in summ},
                                               out / f"{stem}-total-spend.png", title=f"{title}: total spend",
@@ -183,14 +206,26 @@ def build_report(
             ratios = ratios_against(summ, spec.reference)
             if ratios:
                 md += [f"Against `{spec.reference}`: each entry's mean over seeds divided by `{spec.reference}`'s, "
-                       "with a percentile-bootstrap 95% CI (each arm's seeds resampled on their own).", "",
+                       "with a percentile-bootstrap 95% CI (arch's `IndependentSamplesBootstrap`: each arm's seeds "
+                       "resampled on their own). The ratio says how much of the reference's return an entry makes; "
+                       "the probability of improvement below says how often its seed beats the reference's.", "",
                        format_ratios(ratios), ""]
                 report.ratios += ratios
+            stats = task_statistics(main_rows, env, algo, main_labels, spec.reference)
+            if stats:
+                md += task_block(env, algo, stats, spec.reference, LATE_EVALUATIONS)
+                report.task_statistics += stats
             md += [f"![{p.stem}]({add(p)})" for p in figs] + [""]
+
+    tasks = [(env, algo) for env in spec.matrix.env for algo in spec.matrix.algo]
+    across_md, report.across_tasks, profile = across_section(main_rows, tasks, main_labels, spec.reference, out)
+    md += statistics_block(ACROSS_BLOCK, across_md)
+    if profile is not None:
+        add(profile)
 
     sens = sensitivity_cells(spec, cells)
     sens_rows = [r for r in rows if r["variant"]] or []
-    if sens and sens_rows:
+    if sens and sens_rows and spec.sensitivity is not None:
         md += ["## Sensitivity (paper §8.4)", "",
                f"Scaler `{spec.sensitivity.scaler}`, one parameter at a time, others at the base value; "
                "the base value is the main matrix's cells.", ""]
@@ -202,14 +237,15 @@ def build_report(
                     values = {}
                     for value, cs in per_value.items():
                         rs = [by_cell[c.key] for c in cs if c.key in by_cell and c.env == env and c.algo == algo]
-                        fr = [float(r["final_return"]) for r in rs if _finite(r.get("final_return"))]
+                        fr = [float(r["final_return"]) for r in rs if finite(r.get("final_return"))]
                         if rs:
-                            values[f"{key}={_fmt_value(value)}"] = fr
-                            s = summarize([{**r, "label": f"{key}={_fmt_value(value)}"} for r in rs])[0]
+                            values[f"{key}={fmt_value(value)}"] = fr
+                            s = summarize([{**r, "label": f"{key}={fmt_value(value)}"} for r in rs])[0]
                             sens_summary.append({**s, "param": key, "value": value})
                     if values:
-                        p = plots.plot_group_bars(values, out / f"{_slug(env.split('/')[-1])}-{algo}-sensitivity-{_slug(key)}.png",
-                                                  title=f"{env} {algo}: final return vs {key}", ylabel="final evaluation return")
+                        name = f"{slug(env.split('/')[-1])}-{algo}-sensitivity-{slug(key)}.png"
+                        p = plots.plot_group_bars(values, out / name, title=f"{env} {algo}: final return vs {key}",
+                                                  ylabel="final evaluation return")
                         md += [f"![{p.stem}]({add(p)})"]
         md += ["", format_summary(sens_summary), ""]
         report.summary += [{**s, "sensitivity": True} for s in sens_summary]
@@ -225,12 +261,10 @@ def build_report(
                + "; ".join(f"{m}: {n}" for m, n in machines.items()) + ". `runs.csv` names each run's.", ""]
 
     run_cols = ["run_name", "nitro_run_id", "mlflow_run_id", "cell", "label", "env", "algo", "scaler", "seed",
-                "rounds_done", "final_return", "late_return", "total_spend_usd", "env_steps_total", "pretrain_episodes",
-                "pretrain_env_steps", "pretrain_usd", "status", "machine"]
+                "rounds_done", "final_return", "late_return", "start_return", "total_spend_usd", "env_steps_total",
+                "pretrain_episodes", "pretrain_env_steps", "pretrain_usd", "status", "machine"]
     add(_write_csv(out / "runs.csv", rows, run_cols))
-    round_rows = [{"run_name": r["run_name"], "label": r["label"], "env": r["env"], "algo": r["algo"], "seed": r["seed"],
-                   **h} for r in rows for h in histories[r["mlflow_run_id"]]]
-    add(_write_csv(out / "rounds.csv", round_rows, ["run_name", "label", "env", "algo", "seed", "round", *REPORT_METRICS]))
+    add(rounds_file)
     summary_cols = ["env", "algo", "label", "n", "final_return_mean", "final_return_ci95", "late_return_mean",
                     "late_return_ci95", "total_spend_usd_mean",
                     "total_spend_usd_ci95", "rounds_done_mean", "env_steps_total_mean", "pretrain_episodes_mean",
@@ -240,11 +274,11 @@ def build_report(
     results = {
         "experiment": spec.name, "spec": spec.model_dump(mode="json"), "parent_run_id": parent_run_id,
         "tracking_uri": tracking_uri, "machine": info, "summary": report.summary, "ratios": report.ratios,
-        "configs": configs, "runs": rows,
-        "rounds": {r["run_name"]: histories[r["mlflow_run_id"]] for r in rows}, "notes": dict(notes or {}),
+        "statistics": {"per_task": report.task_statistics, "across_tasks": report.across_tasks},
+        "configs": configs, "runs": rows, "notes": dict(notes or {}),
     }
     results_path = out / "results.json"
-    results_path.write_text(json.dumps(_json_safe(results), indent=1, default=str))
+    results_path.write_text(json.dumps(json_safe(results), indent=1, default=str))
     add(results_path)
     report.markdown = "\n".join(md)
     add_path = out / "README.md"
@@ -255,7 +289,7 @@ def build_report(
 
 def _baselines_table(spec: ExperimentSpec, cells: Sequence[Cell]) -> list[str]:
     """What each matrix entry runs and how its actors are billed (Markdown lines)."""
-    from nitro.cost import ledger_from_config
+    from nitro.pricing.cost import ledger_from_config
 
     first = {c.scaler: c for c in reversed(cells) if not c.is_sensitivity}
     lines = ["| matrix entry | scaler | its overrides | actors billed as | what it is |", "|---|---|---|---|---|"]
@@ -264,11 +298,11 @@ def _baselines_table(spec: ExperimentSpec, cells: Sequence[Cell]) -> list[str]:
         priced = ledger_from_config(cell_config(spec, first[name])).tags()["cost.actor_pricing"]
         overrides = ", ".join(f"`{o}`" for o in baseline.overrides) or "-"
         lines.append(f"| {name} | {baseline.scaler} | {overrides} | {priced} | {baseline.description or '-'} |")
-    return lines + [""]
+    return [*lines, ""]
 
 
-def _clock_line(config) -> str:
-    """Which clock the learner was billed by (nitro/clock.py), in one sentence."""
+def _clock_line(config, rounds_file: str) -> str:
+    """Which clock the learner was billed by (nitro/pricing/clock.py), in one sentence."""
     if config.clock.kind == "lambda":
         c = config.clock
         return ("Clock: **Lambda-projected** (`clock.kind: lambda`): each round's learner time is billed as if the "
@@ -276,7 +310,7 @@ def _clock_line(config) -> str:
                 f"slowest invocation, plus {c.dispatch_s_per_invocation * 1000:g} ms of fan-out per invocation, "
                 f"{c.invoke_s * 1000:g} ms of invoke latency and a {c.cold_start_s:g} s cold start where a round needs "
                 "more instances than were warm. The budget cap uses the same clock; the measured wall time is in "
-                "`rounds.csv` (`round_s`) beside the billed one (`round_billed_s`).")
+                f"`{rounds_file}` (`round_s`) beside the billed one (`round_billed_s`).")
     return ("Clock: **measured** wall time: the learner is billed for each round as it ran on this machine, "
             "local actors queueing for its cores included.")
 

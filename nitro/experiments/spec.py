@@ -31,6 +31,8 @@ class BaselineSpec(_Strict):
     scaler: ScalerName
     overrides: list[str] = Field(default_factory=list, description="dotted key=value, after the spec's overrides")
     description: str = ""
+    replays: str | None = Field(None, description="scaler replay: the matrix entry whose actor counts (per round, "
+                                "as launched) each cell replays shuffled, from the cell of the same env, algo and seed")
 
     @field_validator("overrides")
     @classmethod
@@ -66,7 +68,7 @@ BUILTIN_BASELINES: dict[str, BaselineSpec] = {
 
 class MatrixSpec(_Strict):
     env: list[str] = Field(min_length=1)
-    algo: list[Literal["ppo", "impact"]] = Field(default_factory=lambda: ["ppo"], min_length=1)
+    algo: list[Literal["ppo", "impact"]] = Field(["ppo"], min_length=1)  # pydantic copies it per instance
     scaler: list[str] = Field(min_length=1, description="scaler names and baseline names")
     seed: list[int] = Field(min_length=1)
 
@@ -120,7 +122,7 @@ class ExperimentSpec(_Strict):
     report_dir: str | None = Field(None, description="default: docs/results/<name>")
 
     @model_validator(mode="after")
-    def _compare(self) -> "ExperimentSpec":
+    def _compare(self) -> ExperimentSpec:
         if self.compare == "budget":
             if self.budget_usd is None:
                 raise ValueError("compare: budget needs budget_usd (the same budget for every cell)")
@@ -143,6 +145,13 @@ class ExperimentSpec(_Strict):
             for name in names:
                 if name not in known:
                     raise ValueError(f"{where}: unknown scaler or baseline {name!r}; known: {', '.join(known)}")
+        for name in self.matrix.scaler:
+            replays = self.baseline(name).replays
+            if (self.baseline(name).scaler == "replay") != (replays is not None):
+                raise ValueError(f"baselines.{name}: scaler replay and `replays` go together (replays names the "
+                                 "matrix entry whose actor counts it replays)")
+            if replays is not None and (replays not in self.matrix.scaler or self.baseline(replays).replays):
+                raise ValueError(f"baselines.{name}.replays: {replays!r} must be a matrix entry that replays nothing")
         return self
 
     def baseline(self, name: str) -> BaselineSpec:

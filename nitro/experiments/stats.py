@@ -1,10 +1,12 @@
 """An experiment's numbers: the same rows as ``nitro compare``, their mean ± 95% CI over seeds, and
-each entry's ratio to a reference entry with a bootstrap 95% CI."""
+each entry's ratio to a reference entry with a bootstrap 95% CI (arch's). The field's statistics
+(IQM, probability of improvement, performance profiles: rliable) are in ``aggregate``."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,12 +20,12 @@ def experiment_rows(tracking_uri: str, spec: ExperimentSpec, cells: Sequence[Cel
     """``compare_runs(tracking_uri, spec.name)`` rows (exactly what ``nitro compare --experiment
     <name>`` prints), restricted to this spec's cells, each with its cell's ``cell``, ``label``
     and ``variant`` added. Sorted as compare sorts them."""
-    from nitro.compare import compare_runs
+    from nitro.tracking.compare import compare_runs
 
     by_run = {cell_run_id(spec.name, c): c for c in cells}
     rows = []
     for row in compare_runs(tracking_uri, spec.name):
-        cell = by_run.get(row.get("nitro_run_id"))
+        cell = by_run.get(row.get("nitro_run_id") or "")
         if cell is None:
             continue
         row = {**row, "cell": cell.key, "label": cell.label, "variant": dict(cell.variant)}
@@ -31,7 +33,7 @@ def experiment_rows(tracking_uri: str, spec: ExperimentSpec, cells: Sequence[Cel
     return rows
 
 
-def _finite(v: Any) -> bool:
+def finite(v: Any) -> bool:
     try:
         return v is not None and math.isfinite(float(v))
     except (TypeError, ValueError):
@@ -51,7 +53,7 @@ def late_return(history: Sequence[Mapping[str, Any]], k: int = LATE_EVALUATIONS)
     last evaluation alone says where its policy happened to stand that round, and between one
     evaluation and the next a return can swing by thousands; the late return reads its last rounds."""
     evals = [float(h["eval_return_mean"]) for h in sorted(history, key=lambda h: h["round"])
-             if _finite(h.get("eval_return_mean"))]
+             if finite(h.get("eval_return_mean"))]
     return _mean(evals[-k:])
 
 
@@ -72,20 +74,25 @@ def summarize(rows: Sequence[Mapping[str, Any]], labels: Sequence[str] | None = 
     """Per (env, algo, label): mean ± 95% CI over seeds of the compare rows' ``final_return``,
     ``late_return`` (where the rows have it: the report adds it) and ``total_spend_usd``, and the
     means of ``rounds_done`` and ``env_steps_total``."""
-    from nitro.plots import mean_ci95
+    from nitro.tracking.plots import mean_ci95
 
     groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
     for r in rows:
         groups.setdefault((str(r["env"]), str(r["algo"]), str(r["label"])), []).append(r)
     order = {lab: i for i, lab in enumerate(labels or [])}
+
+    def group_order(kv: tuple[tuple[str, str, str], Any]) -> tuple[str, str, int, str]:
+        (env, algo, label), _ = kv
+        return env, algo, order.get(label, 1 << 30), label
+
     out = []
-    for (env, algo, label), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][2], 1 << 30), kv[0][2])):
-        fr = [float(r["final_return"]) for r in rs if _finite(r.get("final_return"))]
-        lr = [float(r["late_return"]) for r in rs if _finite(r.get("late_return"))]
-        sp = [float(r["total_spend_usd"]) for r in rs if _finite(r.get("total_spend_usd"))]
-        rd = [float(r["rounds_done"]) for r in rs if _finite(r.get("rounds_done"))]
-        st = [float(r["env_steps_total"]) for r in rs if _finite(r.get("env_steps_total"))]
-        pre = [r for r in rs if _finite(r.get("pretrain_usd"))]
+    for (env, algo, label), rs in sorted(groups.items(), key=group_order):
+        fr = [float(r["final_return"]) for r in rs if finite(r.get("final_return"))]
+        lr = [float(r["late_return"]) for r in rs if finite(r.get("late_return"))]
+        sp = [float(r["total_spend_usd"]) for r in rs if finite(r.get("total_spend_usd"))]
+        rd = [float(r["rounds_done"]) for r in rs if finite(r.get("rounds_done"))]
+        st = [float(r["env_steps_total"]) for r in rs if finite(r.get("env_steps_total"))]
+        pre = [r for r in rs if finite(r.get("pretrain_usd"))]
         (fr_mean, fr_ci), (lr_mean, lr_ci), (sp_mean, sp_ci) = mean_ci95(fr), mean_ci95(lr), mean_ci95(sp)
         out.append({
             "env": env, "algo": algo, "label": label, "n": len(rs),
@@ -104,7 +111,7 @@ def _pretrain_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None
     scheduler): what its scheduler cost before the runs, beside what the runs spent."""
     out: dict[str, float | None] = {}
     for key in ("pretrain_episodes", "pretrain_env_steps", "pretrain_usd"):
-        vals = [float(r[key]) for r in rows if _finite(r.get(key))]
+        vals = [float(r[key]) for r in rows if finite(r.get(key))]
         out[f"{key}_mean"] = sum(vals) / len(vals) if vals else None
     return out
 
@@ -118,9 +125,9 @@ def _pretrain_cell(s: Mapping[str, Any]) -> str:
 
 def mean_pm(mean: float, half: float | None, fmt: str) -> str:
     """Mean ± 95% half-width; a single seed has no interval and says so."""
-    if not _finite(mean):
+    if not finite(mean):
         return "-"
-    return f"{mean:{fmt}} ± {half:{fmt}}" if _finite(half) else f"{mean:{fmt}} (n=1)"
+    return f"{mean:{fmt}} ± {half:{fmt}}" if finite(half) else f"{mean:{fmt}} (n=1)"
 
 
 PRETRAIN_SUMMARY_HEADER = "pre-training USD, projected (episodes, env steps)"
@@ -135,15 +142,18 @@ def format_summary(summary: Sequence[Mapping[str, Any]], *, markdown: bool = Tru
         mean_pm(s["final_return_mean"], s["final_return_ci95"], ".2f"),
         mean_pm(s.get("late_return_mean", math.nan), s.get("late_return_ci95"), ".2f"),
         mean_pm(s["total_spend_usd_mean"], s["total_spend_usd_ci95"], ".4f"),
-        f"{s['rounds_done_mean']:.1f}" if _finite(s["rounds_done_mean"]) else "-",
-        f"{s['env_steps_total_mean']:.0f}" if _finite(s["env_steps_total_mean"]) else "-",
+        f"{s['rounds_done_mean']:.1f}" if finite(s["rounds_done_mean"]) else "-",
+        f"{s['env_steps_total_mean']:.0f}" if finite(s["env_steps_total_mean"]) else "-",
         *([_pretrain_cell(s)] if pretrained else []),
     ] for s in summary]
     if markdown:
         lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
         return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells])
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    fmt = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
+
+    def fmt(vals: Sequence[str]) -> str:
+        return "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
+
     return "\n".join([fmt(headers), fmt(["-" * w for w in widths]), *(fmt(c) for c in cells)])
 
 
@@ -151,23 +161,26 @@ MIN_SEEDS_FOR_CI = 3  # a bootstrap of 1-2 seeds per arm draws from 1-3 means: n
 
 
 def ratio_ci(a: Sequence[float], b: Sequence[float], seed: int = 0, draws: int = 10_000) -> dict[str, float]:
-    """mean(a) / mean(b) with a percentile-bootstrap 95% CI over seeds, each arm resampled on its
-    own (the arms' seeds are not paired: the same seed diverges once the scalers differ). NaN
-    where an arm is empty or not finite; the bounds are NaN where an arm has fewer than
-    ``MIN_SEEDS_FOR_CI`` seeds."""
+    """mean(a) / mean(b) with a percentile-bootstrap 95% CI over seeds from arch's
+    ``IndependentSamplesBootstrap``: each arm resampled on its own (the arms' seeds are not paired:
+    the same seed diverges once the scalers differ). NaN where an arm is empty or not finite; the
+    bounds are NaN where an arm has fewer than ``MIN_SEEDS_FOR_CI`` seeds."""
+    from arch.bootstrap import IndependentSamplesBootstrap
+
     a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     nan = {"ratio": math.nan, "lo": math.nan, "hi": math.nan}
     if not (len(a_arr) and len(b_arr)) or not (np.isfinite(a_arr).all() and np.isfinite(b_arr).all()):
         return nan
     if min(len(a_arr), len(b_arr)) < MIN_SEEDS_FOR_CI:
         return {**nan, "ratio": float(a_arr.mean() / b_arr.mean())}
-    rng = np.random.default_rng(seed)
-    num = rng.choice(a_arr, (draws, len(a_arr))).mean(axis=1)
-    den = rng.choice(b_arr, (draws, len(b_arr))).mean(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        boots = num / den
-    return {"ratio": float(a_arr.mean() / b_arr.mean()), "lo": float(np.nanpercentile(boots, 2.5)),
-            "hi": float(np.nanpercentile(boots, 97.5))}
+
+    def ratio(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return np.array([x.mean() / y.mean()])
+
+    bootstrap = IndependentSamplesBootstrap(a_arr, b_arr, seed=seed)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a resample of b may average 0
+        lo, hi = bootstrap.conf_int(ratio, reps=draws, method="percentile", size=0.95)[:, 0]
+    return {"ratio": float(a_arr.mean() / b_arr.mean()), "lo": float(lo), "hi": float(hi)}
 
 
 def ratios_against(summary: Sequence[Mapping[str, Any]], reference: str) -> list[dict[str, Any]]:
@@ -188,9 +201,9 @@ def ratios_against(summary: Sequence[Mapping[str, Any]], reference: str) -> list
 
 def format_ratio(r: Mapping[str, float] | None) -> str:
     """One ``ratio_ci`` as ``ratio (lo-hi)``; says so where there are too few seeds for an interval."""
-    if not r or not _finite(r["ratio"]):
+    if not r or not finite(r["ratio"]):
         return "-"
-    if not _finite(r["lo"]):
+    if not finite(r["lo"]):
         return f"{r['ratio']:.2f} (no CI: under {MIN_SEEDS_FOR_CI} seeds)"
     return f"{r['ratio']:.2f} ({r['lo']:.2f}-{r['hi']:.2f})"
 

@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -34,10 +34,11 @@ from nitro.learners.checkpoint import (
     optimizer_tensors,
     reward_stats_meta,
 )
-from nitro.learners.contract import UpdateResult
-from nitro.learners.distributions import DistParams
+from nitro.learners.contract import Batch, Progress, UpdateResult
+from nitro.learners.distributions import DistParams, forward_dist_params
+from nitro.learners.gradients import Gradients, gradients_of, parameter_names, weighted_mean
 from nitro.learners.objective import adapt_kl_coef, whole_batch_kl
-from nitro.learners.sgd import accumulate, clipped_step, gradient_noise_scale, minibatch_count, minibatch_indices
+from nitro.learners.sgd import gradient_noise_scale, minibatch_count, minibatch_indices
 from nitro.learners.statistics import RunningMeanStd, merge_round_statistics
 from nitro.models import Architecture, Critic, Policy, build_critic, build_policy
 
@@ -49,8 +50,14 @@ MinibatchLoss = Callable[[torch.Tensor], tuple[torch.Tensor, Mapping[str, torch.
 class PreparedBatch(Protocol):
     """What the shared loop reads of a subclass's prepared batch (one row per sample)."""
 
-    obs: torch.Tensor
-    anchor: DistParams  # the KL anchor's distribution parameters
+    @property
+    def obs(self) -> torch.Tensor: ...
+
+    @property
+    def anchor(self) -> DistParams: ...  # the KL anchor's distribution parameters
+
+
+BatchT = TypeVar("BatchT", bound=PreparedBatch)
 
 
 def with_diagnostics(result: UpdateResult, extra: Mapping[str, float]) -> UpdateResult:
@@ -58,20 +65,21 @@ def with_diagnostics(result: UpdateResult, extra: Mapping[str, float]) -> Update
     return dataclasses.replace(result, diagnostics={**result.diagnostics, **extra})
 
 
-class ActorCriticLearner:
+class ActorCriticLearner(Generic[BatchT]):
     """The part of ``PPOLearner`` and ``ImpactLearner`` that is not the algorithm (see the module
-    docstring)."""
+    docstring); ``BatchT``: the subclass's prepared batch."""
 
     name: str
 
     def __init__(self, spec: EnvSpec, cfg: PPOConfig | ImpactConfig, seed: int, device: str | torch.device = "cpu",
-                 arch: Architecture = Architecture(), noise_scale: bool = False):
+                 arch: Architecture = Architecture(), noise_scale: bool = False, fragment_noise: bool = False):
         self.spec, self.cfg, self.seed = spec, cfg, int(seed)
         self.device = torch.device(device)
         self.policy: Policy = build_policy(spec, seed, arch).to(self.device)
         self.critic: Critic = build_critic(spec, seed, arch).to(self.device)
         # The gradient noise scale costs one extra backward per minibatch; only the kungfu scaler reads it.
         self.noise_scale = noise_scale
+        self.fragment_noise = fragment_noise  # the round's fragment gradients (learners/fragments.py): goodput's
         # eps as CleanRL/SB3; fused: one kernel for the whole step (a third faster on a 64x64 MLP)
         self.optimizer = torch.optim.Adam(
             [*self.policy_parameters(), *self.critic.parameters()], lr=cfg.lr, eps=1e-5, fused=True
@@ -80,18 +88,29 @@ class ActorCriticLearner:
         self.reward_stats = RunningMeanStd()
         self.n_updates = 0
         # The last update's prepared batch: what ``objective`` differentiates; None before the first update.
-        self.trained_batch: PreparedBatch | None = None
+        self.trained_batch: BatchT | None = None
 
     def set_learning_rate(self, lr: float) -> None:
         """The learning rate from the next optimiser step on; Adam's moments are kept."""
         for group in self.optimizer.param_groups:
             group["lr"] = float(lr)
 
+    def schedule(self, progress: Progress | None) -> None:
+        """Set what follows the run's progress (None: outside a run, nothing moves); no schedule here."""
+
+    def prepare(self, batches: Sequence[Batch]) -> BatchT:
+        """The batches as training tensors (each algorithm its own)."""
+        raise NotImplementedError
+
     # -- what other modules read ----------------------------------------------------------------
 
     def policy_parameters(self) -> list[nn.Parameter]:
         """The trainable policy parameters (the normaliser's statistics are buffers, not these)."""
         return [p for p in self.policy.parameters() if p.requires_grad]
+
+    def parameter_names(self) -> dict[str, nn.Parameter]:
+        """Every trainable parameter (policy, then critic) by the name its gradient carries."""
+        return parameter_names(self.policy, self.critic)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """policy.state_dict() (normaliser included), detached copies on the CPU, for publishing."""
@@ -108,7 +127,7 @@ class ActorCriticLearner:
         """Samples in the last update's batch; 0 before the first update."""
         return 0 if self.trained_batch is None else len(self.trained_batch.obs)
 
-    def _require_batch(self) -> PreparedBatch:
+    def _require_batch(self) -> BatchT:
         if self.trained_batch is None:
             raise RuntimeError(f"{type(self).__name__}.objective: no update has run yet")
         return self.trained_batch
@@ -121,8 +140,56 @@ class ActorCriticLearner:
     def _minibatches(self, n: int, rng: np.random.Generator) -> list[torch.Tensor]:
         return minibatch_indices(n, self._minibatch_count(n), rng, self.device)
 
-    def _optimise(self, data: PreparedBatch, policy_loss: Callable[[torch.Tensor], torch.Tensor],
-                  total_loss: MinibatchLoss, *, epochs: int, deadline: float | None) -> UpdateResult:
+    def loss_gradients(self, loss: MinibatchLoss, rows: torch.Tensor) -> Gradients:
+        """The gradients of ``loss(rows)`` at this learner's parameters."""
+        return gradients_of(*loss(rows), self.parameter_names(), len(rows))
+
+    def apply_gradients(self, gradients: Sequence[Gradients], *, weights: Sequence[float] | None = None,
+                        progress: Progress | None = None) -> bool:
+        """One optimiser step on the mean of ``gradients`` weighted by their samples times
+        ``weights`` (default 1), at the learning rate of ``progress``'s schedule times the weights'
+        mean (``gradients.weighted_mean``). The policy's and the critic's parts are clipped
+        separately: the critic's gradient (large while returns are being learnt) must not shrink
+        the policy's step through a shared norm. False, and no step, when a loss or a clipped
+        gradient is not finite: once Adam has taken a NaN its weights and moments are NaN for good.
+        Leaves no ``.grad`` behind."""
+        self.schedule(progress)
+        if not gradients or not all(g.finite for g in gradients):
+            return False
+        mean, lr_factor = weighted_mean(gradients, [1.0] * len(gradients) if weights is None else weights)
+        named = self.parameter_names()
+        for name, p in named.items():
+            p.grad = mean[name].to(p.device, p.dtype).clone() if name in mean else None
+        norms = (nn.utils.clip_grad_norm_(self.policy_parameters(), self.cfg.max_grad_norm),
+                 nn.utils.clip_grad_norm_(list(self.critic.parameters()), self.cfg.max_grad_norm))
+        took = all(torch.isfinite(n) for n in norms)
+        if took:
+            rates = [g["lr"] for g in self.optimizer.param_groups]
+            if lr_factor != 1.0:
+                for g, lr in zip(self.optimizer.param_groups, rates):
+                    g["lr"] = lr * lr_factor
+            self.optimizer.step()
+            for g, lr in zip(self.optimizer.param_groups, rates):
+                g["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        return took
+
+    def close_update(self, batches: Sequence[Batch], behaviour: Policy) -> dict[str, float]:
+        """The end of an update made of gradients applied one group at a time (Stellaris's round):
+        the whole-batch KL of the policy now against ``behaviour`` (the policy that acted) adapts
+        the KL coefficient; then the batches' statistics merge, their prepared batch is what
+        ``objective`` differentiates, and the update counts. Returns the KL diagnostics."""
+        data = self.prepare(batches)
+        kl = whole_batch_kl(self.policy, data.obs, forward_dist_params(behaviour, data.obs))
+        used, self.kl_coef = self.kl_coef, adapt_kl_coef(self.kl_coef, kl, self.cfg.kl_target)
+        self.merge_statistics(batches)
+        self.trained_batch = self.prepare(batches)
+        self.n_updates += 1
+        return {"kl": kl, "kl_coef_used": used, "kl_coef": self.kl_coef}
+
+    def _optimise(self, data: BatchT, policy_loss: Callable[[torch.Tensor], torch.Tensor],
+                  minibatch_gradients: Callable[[torch.Tensor], Gradients], *, epochs: int,
+                  deadline: float | None) -> UpdateResult:
         """Train on a prepared batch; the result's diagnostics are those both algorithms report.
 
         (1) the gradient noise scale of ``policy_loss(minibatch)`` at the pre-update parameters
@@ -137,10 +204,12 @@ class ActorCriticLearner:
         rng = np.random.default_rng([self.seed, self.n_updates])
         first_epoch = self._minibatches(n, rng)
         # Fewer than two minibatches: gradient_noise_scale reports NaN.
-        metrics = gradient_noise_scale(policy_loss, self.policy_parameters(), first_epoch if self.noise_scale else first_epoch[:1])
+        metrics = gradient_noise_scale(policy_loss, self.policy_parameters(),
+                                       first_epoch if self.noise_scale else first_epoch[:1])
 
-        minibatches = (idx for epoch in range(epochs) for idx in (first_epoch if epoch == 0 else self._minibatches(n, rng)))
-        sums, n_steps, skipped, cut = self._steps(minibatches, total_loss, deadline)
+        minibatches = (idx for epoch in range(epochs)
+                       for idx in (first_epoch if epoch == 0 else self._minibatches(n, rng)))
+        sums, n_steps, skipped, cut = self._steps(minibatches, minibatch_gradients, deadline)
 
         kl_final = whole_batch_kl(self.policy, data.obs, data.anchor)
         kl_coef_used = self.kl_coef
@@ -162,21 +231,23 @@ class ActorCriticLearner:
         return UpdateResult(sgd_steps=n_steps, skipped_minibatches=skipped, cut_short=cut,
                             grad_noise_scale=metrics["grad_noise_scale"], diagnostics=metrics)
 
-    def _steps(self, minibatches: Iterable[torch.Tensor], total_loss: MinibatchLoss,
+    def _steps(self, minibatches: Iterable[torch.Tensor], minibatch_gradients: Callable[[torch.Tensor], Gradients],
                deadline: float | None) -> tuple[dict[str, float], int, int, bool]:
-        """``clipped_step`` on each minibatch until ``deadline`` (a ``time.perf_counter()`` value);
-        a minibatch whose loss or gradient is not finite is skipped, not stepped on. Returns (loss
-        sums, steps, skipped, whether the deadline cut the update short)."""
+        """``apply_gradients`` of each minibatch's gradients until ``deadline`` (a
+        ``time.perf_counter()`` value); a minibatch whose loss or gradient is not finite is
+        skipped, not stepped on. Returns (loss-term sums, steps, skipped, whether the deadline cut
+        the update short)."""
         sums: dict[str, float] = {}
         n_steps = skipped = 0
-        policy_params, critic_params = self.policy_parameters(), list(self.critic.parameters())
         for idx in minibatches:
             if deadline is not None and time.perf_counter() > deadline:
-                log.warning("%s: update stopped after %d minibatch steps at the budget's deadline", type(self).__name__, n_steps)
+                log.warning("%s: update stopped after %d minibatch steps at the budget's deadline",
+                            type(self).__name__, n_steps)
                 return sums, n_steps, skipped, True
-            total, terms = total_loss(idx)
-            if clipped_step(self.optimizer, total, policy_params, critic_params, self.cfg.max_grad_norm):
-                accumulate(sums, total, terms)
+            gradients = minibatch_gradients(idx)
+            if self.apply_gradients([gradients]):
+                for k, v in {**gradients.terms, "loss": gradients.loss}.items():
+                    sums[k] = sums.get(k, 0.0) + v
                 n_steps += 1
             else:
                 skipped += 1
@@ -185,7 +256,7 @@ class ActorCriticLearner:
                         type(self).__name__, skipped, skipped + n_steps)
         return sums, n_steps, skipped, False
 
-    def _merge_statistics(self, batches: Sequence[Mapping[str, np.ndarray]]) -> None:
+    def merge_statistics(self, batches: Sequence[Batch]) -> None:
         """``merge_round_statistics`` on a round's new batches (never replayed ones), with this
         learner's reward statistics when it scales rewards."""
         stats = self.reward_stats if self.cfg.normalize_rewards else None
@@ -207,8 +278,8 @@ class ActorCriticLearner:
     def _common_meta(self, fmt: str) -> dict[str, Any]:
         """The checkpoint meta both learners write (format, env, KL coefficient, reward
         statistics, update count, seed)."""
-        return {"format": fmt, "env_id": self.spec.env_id, "kl_coef": self.kl_coef, **reward_stats_meta(self.reward_stats),
-                "n_updates": self.n_updates, "seed": self.seed}
+        return {"format": fmt, "env_id": self.spec.env_id, "kl_coef": self.kl_coef,
+                **reward_stats_meta(self.reward_stats), "n_updates": self.n_updates, "seed": self.seed}
 
     def _load_common(self, tensors: Mapping[str, ArrayLike], meta: Mapping[str, Any],
                      fmt: str | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -45,7 +45,8 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch
     return tensors, opt["param_groups"]
 
 
-def load_optimizer(optimizer: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor], param_groups: list[dict]) -> None:
+def load_optimizer(optimizer: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor],
+                   param_groups: list[dict]) -> None:
     """Inverse of ``optimizer_tensors`` (param groups as JSON gave them back: betas as lists)."""
     state: dict[int, dict[str, torch.Tensor]] = {}
     for k, v in tensors.items():
@@ -63,7 +64,8 @@ def reward_stats_meta(stats: RunningMeanStd) -> dict[str, float]:
 
 def load_reward_stats(stats: RunningMeanStd, meta: Mapping[str, Any]) -> None:
     """Inverse of ``reward_stats_meta``."""
-    stats.mean, stats.var, stats.count = float(meta["reward_mean"]), float(meta["reward_var"]), float(meta["reward_count"])
+    stats.mean, stats.var = float(meta["reward_mean"]), float(meta["reward_var"])
+    stats.count = float(meta["reward_count"])
 
 
 def maybe_json(v: Any) -> Any:

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 from nitro.envs import EnvSpec
+from nitro.learners.gradients import Gradients
+from nitro.models import Policy
 
 Batch = Mapping[str, np.ndarray]  # one actor's trajectory batch (docs/ARCHITECTURE.md lists its arrays)
 
@@ -88,3 +90,30 @@ class OffPolicyLearner(Learner, Protocol):
 
     def replay_update(self, *, deadline: float | None = None) -> UpdateResult | None:
         """One update from replayed batches only; None when nothing is left to replay."""
+
+
+@runtime_checkable
+class GradientLearner(Learner, Protocol):
+    """A learner whose update splits where RLlib's Learner splits it: ``compute_gradients`` on a
+    minibatch, ``apply_gradients`` of one or more of them in one optimiser step. Its synchronous
+    ``update`` is the two in a loop; Stellaris computes the gradients in learner functions (at a
+    snapshot of the networks, ``ppo.ppo_gradients``) and its parameter server applies them. The
+    learner keeps its optimiser, its schedule and its statistics: nothing outside writes them."""
+
+    def parameter_names(self) -> dict[str, nn.Parameter]:
+        """Every trainable parameter by the name its gradient carries."""
+
+    def prepare(self, batches: Sequence[Batch]) -> Any:
+        """The batches as the training tensors ``compute_gradients`` reads."""
+
+    def compute_gradients(self, data: Any, rows: torch.Tensor) -> Gradients:
+        """The loss's gradients on ``rows`` of prepared ``data`` at the current networks."""
+
+    def apply_gradients(self, gradients: Sequence[Gradients], *, weights: Sequence[float] | None = None,
+                        progress: Progress | None = None) -> bool:
+        """One optimiser step on their mean weighted by samples x ``weights``, at the schedule's rate
+        for ``progress``; False (no step) when a loss or gradient is not finite."""
+
+    def close_update(self, batches: Sequence[Batch], behaviour: Policy) -> dict[str, float]:
+        """End an update made of ``apply_gradients`` calls on ``batches``, acted by ``behaviour``:
+        the KL coefficient adapts, the statistics merge, the update counts."""

@@ -29,21 +29,26 @@ from nitro.envs import EnvSpec
 from nitro.learners.arrays import ArrayLike
 from nitro.learners.base import ActorCriticLearner, with_diagnostics
 from nitro.learners.contract import Batch, Progress, UpdateResult
-from nitro.learners.impact_loss import ImpactBatch, impact_loss, impact_minibatch, impact_objective, prepare_impact_batches
+from nitro.learners.impact_loss import (
+    ImpactBatch,
+    impact_loss,
+    impact_minibatch,
+    impact_objective,
+    prepare_impact_batches,
+)
 from nitro.learners.replay import ReplayBuffer, replay_batches, replay_tensors
 from nitro.learners.statistics import explained_variance
 from nitro.models import Policy
 from nitro.validation import check_batch
 
 
-class ImpactLearner(ActorCriticLearner):
+class ImpactLearner(ActorCriticLearner[ImpactBatch]):
     """The IMPACT learner (a ``nitro.learners.OffPolicyLearner``): policy, critic, one Adam,
     adaptive KL coefficient and reward scale (``base.ActorCriticLearner``), plus the frozen target
     policy and the replay buffer."""
 
     name = "impact"
     cfg: ImpactConfig
-    trained_batch: ImpactBatch | None
 
     def __init__(self, spec: EnvSpec, cfg: ImpactConfig, seed: int, device: str | torch.device = "cpu", **kwargs: Any):
         super().__init__(spec, cfg, seed, device, **kwargs)
@@ -90,7 +95,7 @@ class ImpactLearner(ActorCriticLearner):
         result = self._train(new, replayed, deadline)
         # Unlike PPO (whose clipping tolerates stale ratios), statistics are merged after training,
         # so that V-trace's weights compare the target policy with exactly the behaviour policy.
-        self._merge_statistics(new)
+        self.merge_statistics(new)
         self.last_n_new_batches = len(new)
         return with_diagnostics(result, {"seconds": time.perf_counter() - start})
 
@@ -132,7 +137,8 @@ class ImpactLearner(ActorCriticLearner):
                                vf_coef=cfg.vf_coef, **self._coefs())
 
         result = self._optimise(data, lambda idx: impact_objective(self.policy, data, idx, **self._coefs())(),
-                                total_loss, epochs=cfg.epochs, deadline=deadline)
+                                lambda idx: self.loss_gradients(total_loss, idx), epochs=cfg.epochs,
+                                deadline=deadline)
         drift = (data.logp - data.target_logp).abs()
         return with_diagnostics(result, {
             "explained_variance": explained_variance(data.values, data.vs),

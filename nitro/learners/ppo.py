@@ -23,10 +23,13 @@ from nitro.learners.arrays import ArrayLike, as_indices
 from nitro.learners.base import ActorCriticLearner, with_diagnostics
 from nitro.learners.contract import Batch, Progress, UpdateResult
 from nitro.learners.distributions import DistParams, forward_dist_params
+from nitro.learners.fragments import fragment_norms, fragment_rows
+from nitro.learners.gradients import Gradients, gradients_of, parameter_names
 from nitro.learners.objective import clip_fraction, penalised_policy_loss, policy_objective
 from nitro.learners.returns import compute_gae, values_and_successors
 from nitro.learners.sgd import annealed_lr, minibatch_count, normalise_advantages
 from nitro.learners.statistics import explained_variance, training_rewards
+from nitro.learners.truncation import clipped_surrogate_of_ratio, truncated_ratio
 from nitro.models import Critic, Policy
 
 
@@ -90,29 +93,59 @@ def value_loss(values: torch.Tensor, returns: torch.Tensor, old_values: torch.Te
 
 
 def ppo_policy_loss(
-    dist: Distribution, mb: PPOMinibatch, *, clip: float, kl_coef: float, entropy_coef: float
+    dist: Distribution, mb: PPOMinibatch, *, clip: float, kl_coef: float, entropy_coef: float,
+    live_logps: Sequence[torch.Tensor] | None = None, is_ratio: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The policy objective, as a loss: clipped surrogate + kl_coef * KL(anchor || dist)
     - entropy_coef * H (the H term only when entropy_coef > 0). Returns (loss, detached terms).
     Training, the gradient noise scale and the boosting detector all differentiate it.
 
     ``mb.logp_old`` is the behaviour log-probability (the importance weight's denominator);
-    ``mb.anchor`` the pre-update policy. The two agree when the batch is fresh."""
+    ``mb.anchor`` the pre-update policy. The two agree when the batch is fresh. ``live_logps``
+    (Stellaris): the live versions' log-probabilities, which truncate the ratio with floor
+    ``is_ratio`` (``truncation.truncated_ratio``)."""
     logp_new = dist.log_prob(mb.actions)
-    surrogate = clipped_surrogate(logp_new, mb.logp_old, mb.advantages, clip)
+    extra = {}
+    if live_logps is None:
+        surrogate = clipped_surrogate(logp_new, mb.logp_old, mb.advantages, clip)
+    else:
+        ratio = truncated_ratio(logp_new, mb.logp_old, live_logps, is_ratio)
+        surrogate = clipped_surrogate_of_ratio(ratio, mb.advantages, clip)
+        plain = torch.exp(logp_new - mb.logp_old).detach()
+        extra["truncated_frac"] = (ratio.detach() < plain - 1e-12).float().mean()
     loss, terms = penalised_policy_loss(surrogate, dist, mb.anchor, kl_coef=kl_coef, entropy_coef=entropy_coef)
-    return loss, {**terms, "clip_frac": clip_fraction(logp_new - mb.logp_old, clip)}
+    return loss, {**terms, "clip_frac": clip_fraction(logp_new - mb.logp_old, clip), **extra}
 
 
 def ppo_loss(
     dist: Distribution, values: torch.Tensor, mb: PPOMinibatch, *,
     clip: float, kl_coef: float, vf_clip: float, vf_coef: float, entropy_coef: float,
+    live_logps: Sequence[torch.Tensor] | None = None, is_ratio: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """total = ppo_policy_loss + vf_coef * value_loss, for the current policy's ``dist`` and the
     current critic's ``values`` on ``mb``. Returns (total, detached terms, for logging)."""
-    policy_loss, terms = ppo_policy_loss(dist, mb, clip=clip, kl_coef=kl_coef, entropy_coef=entropy_coef)
+    policy_loss, terms = ppo_policy_loss(dist, mb, clip=clip, kl_coef=kl_coef, entropy_coef=entropy_coef,
+                                         live_logps=live_logps, is_ratio=is_ratio)
     vf = value_loss(values, mb.returns, mb.old_values, vf_clip)
     return policy_loss + vf_coef * vf, {**terms, "vf_loss": vf.detach()}
+
+
+def ppo_gradients(policy: Policy, critic: Critic, data: PPOBatch, rows: torch.Tensor, *, clip: float,
+                  kl_coef: float, vf_clip: float, vf_coef: float, entropy_coef: float,
+                  live: Sequence[Policy] | None = None, is_ratio: float = 1.0) -> Gradients:
+    """The gradients of ``ppo_loss`` on ``rows`` of a prepared batch at (``policy``, ``critic``):
+    what ``PPOLearner.compute_gradients`` computes at its own networks and a learner function at
+    its snapshot's. ``live`` (Stellaris): the other live versions, whose ratios truncate this one's."""
+    mb = ppo_minibatch(data, rows)
+    feats = policy.features(mb.obs)  # shared by the policy and the critic
+    live_logps = None
+    if live is not None:
+        with torch.no_grad():
+            live_logps = [other.distribution(mb.obs).log_prob(mb.actions) for other in live]
+    total, terms = ppo_loss(policy.distribution_from_features(feats), critic(feats), mb, clip=clip, kl_coef=kl_coef,
+                            vf_clip=vf_clip, vf_coef=vf_coef, entropy_coef=entropy_coef, live_logps=live_logps,
+                            is_ratio=is_ratio)
+    return gradients_of(total, terms, parameter_names(policy, critic), len(rows))
 
 
 def ppo_objective(
@@ -148,7 +181,8 @@ def prepare_batches(
         raise ValueError("prepare_batches needs at least one batch")
     device = next(policy.parameters()).device
     is_atari = policy.spec.is_atari
-    cols: dict[str, list[Any]] = {k: [] for k in ("obs", "actions", "logp", "rewards", "values", "advantages", "returns")}
+    names = ("obs", "actions", "logp", "rewards", "values", "advantages", "returns")
+    cols: dict[str, list[Any]] = {k: [] for k in names}
     for batch in batches:
         if len(batch["rewards"]) == 0:
             continue
@@ -172,14 +206,13 @@ def prepare_batches(
 # ---------------------------------------------------------------------------------------------
 
 
-class PPOLearner(ActorCriticLearner):
+class PPOLearner(ActorCriticLearner[PPOBatch]):
     """The PPO learner (a ``nitro.learners.Learner``): policy, critic, one Adam over both,
     adaptive KL, reward scale (``base.ActorCriticLearner``), trained on each round's fresh batches
     and, when ``cfg.anneal_lr``, at the learning rate ``sgd.annealed_lr`` gives the round."""
 
     name = "ppo"
     cfg: PPOConfig
-    trained_batch: PPOBatch | None
 
     def _minibatch_count(self, n: int) -> int:
         """``cfg.minibatches`` when set (constant Adam steps per update), else n / minibatch_size."""
@@ -187,50 +220,59 @@ class PPOLearner(ActorCriticLearner):
 
     def prepare(self, batches: Sequence[Batch]) -> PPOBatch:
         """``prepare_batches`` with this learner's networks, gamma, lambda and reward scale."""
-        return prepare_batches(batches, self.policy, self.critic, self.cfg.gamma, self.cfg.gae_lambda, self.reward_scale)
+        return prepare_batches(batches, self.policy, self.critic, self.cfg.gamma, self.cfg.gae_lambda,
+                               self.reward_scale)
 
     def _coefs(self) -> dict[str, float]:
         """``ppo_policy_loss``'s coefficients, with the KL coefficient now in force."""
         return {"clip": self.cfg.clip, "kl_coef": self.kl_coef, "entropy_coef": self.cfg.entropy_coef}
 
+    def schedule(self, progress: Progress | None) -> None:
+        """The round's learning rate (``sgd.annealed_lr``), when annealed and ``progress`` says which round it is."""
+        if progress is not None and self.cfg.anneal_lr:
+            self.set_learning_rate(annealed_lr(self.cfg.lr, progress.round, progress.rounds))
+
+    def compute_gradients(self, data: PPOBatch, rows: torch.Tensor) -> Gradients:
+        """``ppo_gradients`` on ``rows`` of ``data`` at this learner's networks and coefficients."""
+        cfg = self.cfg
+        return ppo_gradients(self.policy, self.critic, data, rows, clip=cfg.clip, kl_coef=self.kl_coef,
+                             vf_clip=cfg.vf_clip, vf_coef=cfg.vf_coef, entropy_coef=cfg.entropy_coef)
+
     def update(self, batches: Sequence[Batch], *, progress: Progress | None = None,
                deadline: float | None = None) -> UpdateResult:
         """One PPO update on a round's batches.
 
-        (0) the round's learning rate, when annealed and ``progress`` says which round it is;
-        (1) fold the round's raw observations into policy.obs_norm and its discounted returns
-        into the reward statistics, then prepare the batch with them, frozen for the update;
-        (2) gradient noise scale at the pre-update parameters (kungfu only); (3) epochs x
-        minibatches of Adam with per-minibatch advantage normalisation and gradient clipping,
-        none started after ``deadline``; (4) exact KL of the final policy against the pre-update
-        one on the whole batch -> adaptive KL coefficient (2-4: ``_optimise``).
+        (0) the round's learning rate (``schedule``); (1) fold the round's raw observations into
+        policy.obs_norm and its discounted returns into the reward statistics, then prepare the
+        batch with them, frozen for the update; (2) with ``fragment_noise`` (goodput), the
+        gradients of the round's actor fragments at the pre-update parameters
+        (``fragments.fragment_norms``); (3) ``_optimise``: the gradient noise scale (kungfu only),
+        epochs x minibatches, each ``compute_gradients`` then ``apply_gradients`` (Adam,
+        per-minibatch advantage normalisation, gradient clipping), none started after
+        ``deadline``, then the exact KL of the final policy against the pre-update one on the
+        whole batch -> adaptive KL coefficient.
         Merging before preparing means the actors acted under slightly older statistics than the
         update sees (``logp_drift`` reports by how much; clipping bounds it); it is the order
         that learns best on Hopper-v5 (docs/decisions.md has the measurement).
         """
-        if progress is not None and self.cfg.anneal_lr:
-            self.set_learning_rate(annealed_lr(self.cfg.lr, progress.round, progress.rounds))
+        self.schedule(progress)
         start = time.perf_counter()
-        cfg = self.cfg
         self.policy.train()
         self.critic.train()
-        self._merge_statistics(batches)
+        self.merge_statistics(batches)
         data = self.prepare(batches)
-
-        def total_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            mb = ppo_minibatch(data, idx)
-            feats = self.policy.features(mb.obs)  # shared by the policy and the critic
-            return ppo_loss(self.policy.distribution_from_features(feats), self.critic(feats), mb,
-                            vf_clip=cfg.vf_clip, vf_coef=cfg.vf_coef, **self._coefs())
-
+        noise = fragment_norms(lambda rows: self.compute_gradients(data, rows), fragment_rows(
+            [len(b["rewards"]) for b in batches], device=self.device)) if self.fragment_noise else {}
         result = self._optimise(data, lambda idx: ppo_objective(self.policy, data, idx, **self._coefs())(),
-                                total_loss, epochs=cfg.epochs, deadline=deadline)
+                                lambda idx: self.compute_gradients(data, idx), epochs=self.cfg.epochs,
+                                deadline=deadline)
         return with_diagnostics(result, {
             "explained_variance": explained_variance(data.values, data.returns),
             "logp_drift": float((data.logp - data.anchor.distribution().log_prob(data.actions)).abs().mean()),
             "reward_scale": self.reward_scale,
             "n_samples": float(len(data.rewards)),
             "seconds": time.perf_counter() - start,
+            **noise,
         })
 
     def objective(self, indices: ArrayLike) -> Callable[[], torch.Tensor]:

@@ -27,7 +27,7 @@ log = logging.getLogger("nitro")
 class _Entry:
     seq: int  # arrival number (0, 1, 2, ... over the buffer's life)
     uses: int  # times trained on so far
-    batch: dict[str, np.ndarray]
+    batch: Mapping[str, np.ndarray]
 
 
 class ReplayBuffer:
@@ -78,7 +78,7 @@ class ReplayBuffer:
             return False
         return True
 
-    def add(self, batch: dict[str, np.ndarray], uses: int = 0) -> int:
+    def add(self, batch: Mapping[str, np.ndarray], uses: int = 0) -> int:
         """Store ``batch``; returns its arrival number, or -1 when ``check`` rejects it."""
         if not self.admits(batch):
             return -1
@@ -94,7 +94,7 @@ class ReplayBuffer:
         self._entries.append(_Entry(seq, int(uses), batch))
         return seq
 
-    def take(self, n: int) -> list[dict[str, np.ndarray]]:
+    def take(self, n: int) -> list[Mapping[str, np.ndarray]]:
         if n <= 0 or not self._entries:
             return []
         after = [e for e in self._entries if e.seq > self._cursor]
@@ -118,7 +118,7 @@ class ReplayBuffer:
             "n_exhausted": self.n_exhausted, "n_dropped": self.n_dropped, "n_replays": self.n_replays,
         }
 
-    def batches(self) -> dict[int, dict[str, np.ndarray]]:
+    def batches(self) -> dict[int, Mapping[str, np.ndarray]]:
         return {e.seq: e.batch for e in self._entries}
 
     def restore(self, book: dict[str, Any], batches: dict[int, dict[str, np.ndarray]] | None) -> int:

@@ -27,7 +27,8 @@ def minibatch_count(n: int, minibatch_size: int, minibatches: int | None = None)
     return max(1, round(n / minibatch_size))
 
 
-def minibatch_indices(n: int, n_minibatches: int, rng: np.random.Generator, device: str | torch.device = "cpu") -> list[torch.Tensor]:
+def minibatch_indices(n: int, n_minibatches: int, rng: np.random.Generator,
+                      device: str | torch.device = "cpu") -> list[torch.Tensor]:
     """A fresh permutation split into ``n_minibatches`` near-equal minibatches (sizes differ by at
     most one, so no runt minibatch of 1 sample, whose advantage normalisation would be meaningless)."""
     perm = torch.as_tensor(rng.permutation(n), device=device)
@@ -96,8 +97,8 @@ def gradient_noise_scale(policy_loss: Callable[[torch.Tensor], torch.Tensor], pa
     total = [torch.zeros_like(p) for p in params]
     sq_norms = []
     for idx in minibatches:
-        grads = torch.autograd.grad(policy_loss(idx), params, allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+        raw = torch.autograd.grad(policy_loss(idx), params, allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(raw, params)]
         sq_norms.append(sum(float((g.double() ** 2).sum()) for g in grads))
         for acc, g in zip(total, grads):
             acc.add_(g)

@@ -39,7 +39,7 @@ def discounted_return_trace(rewards: np.ndarray, episode_end: np.ndarray, gamma:
 
     SB3 VecNormalize scales rewards by the std of exactly this quantity. Each actor batch starts a
     fresh trace, also where its episode continues one an earlier invocation left unfinished
-    (nitro/episodes.py): the trace of the steps before is not carried. Late in a run, when
+    (nitro/actors/episodes.py): the trace of the steps before is not carried. Late in a run, when
     episodes span several batches, the std is therefore somewhat larger than SB3's over one
     unbroken trace (by about 1.3x for 256-step batches of steady reward inside 1000-step
     episodes), so the reward scale is smaller; advantages are normalised per minibatch, so only

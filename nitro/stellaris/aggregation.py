@@ -22,8 +22,9 @@ A stale gradient can also count for less: its Adam step is scaled by a staleness
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 DEFAULT_DECAY = 0.9
 

@@ -5,7 +5,9 @@ computes the slice's gradient (``nitro.stellaris.gradient``) and writes it under
 gradient key (SET NX with the cache's TTL: a second delivery never overwrites the first answer).
 Its summary is the actors' summary (``steps``: the slice's samples; ``batch_key``: the gradient's
 key), so every backend runs it, bills it and reports its failure the same way. It never raises.
-Snapshots stay decoded in the warm state: the next job at the same version loads nothing.
+Snapshots stay decoded in the warm state, as many as twice the versions one job reads: the next
+job at the same versions loads nothing. The summary's ``profile`` says where the job's time went
+(fetch, decode, forward-backward, write).
 """
 
 from __future__ import annotations
@@ -18,31 +20,50 @@ from typing import Any
 from pydantic import ValidationError
 
 from nitro.actors.events import ActorSummary
-from nitro.actors.worker import ActorState, _error_line, _memory_mb
+from nitro.actors.worker import ActorState, error_line, memory_mb_of
 from nitro.config import validation_message
 
-SNAPSHOTS_KEPT = 8  # the live versions of a round, with room to spare
+
+class Profile:
+    """Seconds one job spends fetching from the cache, decoding, in forward-backward and writing
+    its gradient: what the function reports beside its answer."""
+
+    def __init__(self) -> None:
+        self.seconds = {"fetch_s": 0.0, "decode_s": 0.0, "compute_s": 0.0, "write_s": 0.0}
+
+    def timed(self, part: str, work: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        try:
+            return work()
+        finally:
+            self.seconds[part] += time.perf_counter() - start
 
 
-def _decoded(state: ActorState, key: str, decode: Callable[[], Any]) -> Any:
-    """``decode()``'s result for ``key``, kept in the warm state (the most recently used
-    ``SNAPSHOTS_KEPT``): the next job at the same version decodes nothing."""
+def _decoded(state: ActorState, key: str, decode: Callable[[], Any], kept: int) -> Any:
+    """``decode()``'s result for ``key``, kept in the warm state (the ``kept`` most recently
+    used): the next job at the same version decodes nothing."""
     if key in state.snapshots:
         state.snapshots[key] = state.snapshots.pop(key)  # most recently used last
     else:
-        while len(state.snapshots) >= SNAPSHOTS_KEPT:
+        while len(state.snapshots) >= max(kept, 1):
             state.snapshots.pop(next(iter(state.snapshots)))  # the least recently used
         state.snapshots[key] = decode()
     return state.snapshots[key]
 
 
-def _snapshot(state: ActorState, cache: Any, key: str, spec: Any) -> Any:
+def cached_snapshot(state: ActorState, cache: Any, key: str, spec: Any, kept: int, profile: Profile) -> Any:
+    """The snapshot under ``key``, decoded once per warm instance while among the ``kept`` most
+    recently used; ``profile`` gets the fetch and decode seconds of a miss."""
     from nitro.stellaris.wire import load_snapshot
 
-    return _decoded(state, key, lambda: load_snapshot(cache.fetch_weights(key), spec))
+    def decode() -> Any:
+        payload = profile.timed("fetch_s", lambda: cache.fetch_weights(key))
+        return profile.timed("decode_s", lambda: load_snapshot(payload, spec))
+
+    return _decoded(state, key, decode, kept)
 
 
-def _behaviour_policy(state: ActorState, cache: Any, key: str, spec: Any) -> Any:
+def _behaviour_policy(state: ActorState, cache: Any, key: str, spec: Any, kept: int, profile: Profile) -> Any:
     """The policy the batch was acted with (the round's actor weights)."""
     import torch
 
@@ -50,13 +71,24 @@ def _behaviour_policy(state: ActorState, cache: Any, key: str, spec: Any) -> Any
     from nitro.models import Architecture, build_policy
     from nitro.serialization import loads_tensors
 
-    def decode() -> Any:
-        arrays, meta = loads_tensors(cache.fetch_weights(key), expect_format=WEIGHTS_FORMAT)
+    def load(payload: bytes) -> Any:
+        arrays, meta = loads_tensors(payload, expect_format=WEIGHTS_FORMAT)
         policy = build_policy(spec, arch=Architecture.from_meta(meta.get("arch")))
         policy.load_state_dict({k: torch.as_tensor(v) for k, v in arrays.items()})
         return policy
 
-    return _decoded(state, key, decode)
+    def decode() -> Any:
+        payload = profile.timed("fetch_s", lambda: cache.fetch_weights(key))
+        return profile.timed("decode_s", lambda: load(payload))
+
+    return _decoded(state, key, decode, kept)
+
+
+def snapshots_kept(job: Any) -> int:
+    """How many decoded networks the warm state keeps: twice what one job reads (its snapshot, the
+    behaviour policy and the live versions), so the versions the next job on this instance reads
+    (mostly the same, shifted by a few newer ones) find the current set still decoded."""
+    return 2 * (2 + len(job.live_keys))
 
 
 def run_gradient(event: Any, state: ActorState | None = None, *, memory_mb: int | None = None) -> ActorSummary:
@@ -65,13 +97,14 @@ def run_gradient(event: Any, state: ActorState | None = None, *, memory_mb: int 
 
     start = time.perf_counter()
     state = state if state is not None else ActorState()
-    mem = _memory_mb(state, memory_mb)
+    mem = memory_mb_of(state, memory_mb)
     state.invocations += 1
 
     def summary(inv: str, ok: bool, error: str | None = None, **fields: Any) -> ActorSummary:
         duration = time.perf_counter() - start
         if not ok:
-            return ActorSummary.failed(inv, error or "failed", duration_s=duration, billed_ms=math.ceil(duration * 1000), memory_mb=mem)
+            return ActorSummary.failed(inv, error or "failed", duration_s=duration,
+                                       billed_ms=math.ceil(duration * 1000), memory_mb=mem)
         return ActorSummary(invocation_id=inv, ok=True, duration_s=duration, billed_ms=math.ceil(duration * 1000),
                             memory_mb=mem, **fields)
 
@@ -79,7 +112,8 @@ def run_gradient(event: Any, state: ActorState | None = None, *, memory_mb: int 
         job = event if isinstance(event, GradientJob) else GradientJob.model_validate(event)
     except ValidationError as exc:
         raw = event.get("invocation_id") if isinstance(event, dict) else None
-        return summary(raw if isinstance(raw, str) and raw else "unknown", False, validation_message(exc, "gradient job"))
+        return summary(raw if isinstance(raw, str) and raw else "unknown", False,
+                       validation_message(exc, "gradient job"))
 
     cache = None
     try:
@@ -95,26 +129,36 @@ def run_gradient(event: Any, state: ActorState | None = None, *, memory_mb: int 
         client = state.redis_client(job.cache_url, state.resolve_password(job.cache_credentials))
         cache = TrajectoryCache(client, job.run_id, ttl_s=job.ttl_s)
         spec = env_spec(job.env_id)
-        snap = _snapshot(state, cache, job.snapshot_key, spec)
+        profile, kept = Profile(), snapshots_kept(job)
+        snap = cached_snapshot(state, cache, job.snapshot_key, spec, kept, profile)
         if snap.version != job.snapshot_version:
             return _kept(cache, job, summary(job.invocation_id, False,
-                                             f"snapshot {job.snapshot_key!r} is version {snap.version}, the job names {job.snapshot_version}"))
-        raw_batch = cache.client.get(job.batch_key)
+                                             f"snapshot {job.snapshot_key!r} is version {snap.version}, "
+                                             f"the job names {job.snapshot_version}"))
+        raw_batch = profile.timed("fetch_s", lambda: cache.fetch(job.batch_key))
         if raw_batch is None:
-            return _kept(cache, job, summary(job.invocation_id, False, f"batch {job.batch_key!r} is missing or expired"))
-        batch, _ = loads_tensors(raw_batch)
-        behaviour = _behaviour_policy(state, cache, job.behaviour_key, spec)
-        live = [_snapshot(state, cache, key, spec).policy for key in job.live_keys]
+            return _kept(cache, job, summary(job.invocation_id, False,
+                                             f"batch {job.batch_key!r} is missing or expired"))
+        batch, _ = profile.timed("decode_s", lambda: loads_tensors(raw_batch))
+        behaviour = _behaviour_policy(state, cache, job.behaviour_key, spec, kept, profile)
+        live = [cached_snapshot(state, cache, key, spec, kept, profile).policy for key in job.live_keys]
         rows = slice_rows(len(batch["rewards"]), job.slice_samples, job.seed, job.epoch, job.slice)
         torch.manual_seed(job.seed)
-        grads, metrics = slice_gradient(snap.policy, snap.critic, behaviour, live, batch, rows, snap.settings)
-        payload = gradient_payload(grads, invocation_id=job.invocation_id, snapshot_version=job.snapshot_version,
-                                   metrics=metrics)
-        key = gradient_key(cache, job.round, job.invocation_id)
-        cache.client.set(key, payload, nx=True, ex=job.ttl_s)
-        return _kept(cache, job, summary(job.invocation_id, True, steps=len(rows), batch_key=key, batch_bytes=len(payload)))
+        grads, metrics = profile.timed("compute_s", lambda: slice_gradient(
+            snap.policy, snap.critic, behaviour, live, batch, rows, snap.settings))
+
+        def write() -> tuple[str, int]:
+            payload = gradient_payload(grads, invocation_id=job.invocation_id,
+                                       snapshot_version=job.snapshot_version, metrics=metrics)
+            key = gradient_key(cache, job.round, job.invocation_id)
+            cache.client.set(key, payload, nx=True, ex=job.ttl_s)
+            return key, len(payload)
+
+        key, size = profile.timed("write_s", write)
+        return _kept(cache, job, summary(job.invocation_id, True, steps=len(rows), batch_key=key, batch_bytes=size,
+                                         profile=profile.seconds))
     except Exception as exc:  # the function never raises: the parameter server gets one line
-        return _kept(cache, job, summary(job.invocation_id, False, _error_line(exc)))
+        return _kept(cache, job, summary(job.invocation_id, False, error_line(exc)))
 
 
 def _kept(cache: Any, job: Any, summary: ActorSummary) -> ActorSummary:

@@ -3,7 +3,9 @@ the policy and critic of one snapshot, with the ratio truncated across the live 
 
 The batch is prepared exactly as the synchronous learner prepares it (``ppo.prepare_batches``:
 the snapshot's critic values, GAE within the batch, the snapshot's reward scale); the KL anchor is
-the behaviour policy, the version the actor acted with. Pure torch, no I/O: the function
+the behaviour policy, the version the actor acted with. The loss and its gradients are PPO's own
+(``ppo.ppo_gradients``, what ``PPOLearner.compute_gradients`` runs at the learner's networks), at
+the snapshot's networks and coefficients. Pure torch, no I/O: the function
 (``nitro.stellaris.function``) and the tests call the same ``slice_gradient``.
 """
 
@@ -17,10 +19,9 @@ import torch
 
 from nitro.learners.contract import Batch
 from nitro.learners.distributions import forward_dist_params
-from nitro.learners.objective import clip_fraction, penalised_policy_loss
-from nitro.learners.ppo import ppo_minibatch, prepare_batches, value_loss
+from nitro.learners.gradients import parameter_names
+from nitro.learners.ppo import ppo_gradients, prepare_batches
 from nitro.models import Critic, Policy
-from nitro.stellaris.truncation import clipped_surrogate_of_ratio, truncated_ratio
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,9 @@ class LossSettings:
         return dict(self.__dict__)
 
     @classmethod
-    def from_meta(cls, meta: Mapping[str, object]) -> "LossSettings":
-        return cls(**{name: (bool(meta[name]) if name == "is_truncation" else float(meta[name]))  # type: ignore[arg-type]
-                      for name in cls.__dataclass_fields__})
+    def from_meta(cls, meta: Mapping[str, float | bool]) -> LossSettings:
+        numbers = {name: float(meta[name]) for name in cls.__dataclass_fields__ if name != "is_truncation"}
+        return cls(**numbers, is_truncation=bool(meta["is_truncation"]))
 
 
 def slice_rows(n: int, slice_samples: int, seed: int, epoch: int, index: int) -> np.ndarray:
@@ -54,48 +55,24 @@ def slice_rows(n: int, slice_samples: int, seed: int, epoch: int, index: int) ->
     return order[index * slice_samples:(index + 1) * slice_samples]
 
 
-def gradient_names(policy: Policy, critic: Critic) -> dict[str, torch.nn.Parameter]:
-    """The trainable parameters a gradient carries, by the name it travels under."""
-    named = {f"policy.{k}": p for k, p in policy.named_parameters() if p.requires_grad}
-    named.update({f"critic.{k}": p for k, p in critic.named_parameters()})
-    return named
-
-
 def slice_gradient(policy: Policy, critic: Critic, behaviour: Policy, live: Sequence[Policy], batch: Batch,
                    rows: np.ndarray, settings: LossSettings) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """(gradient by name, loss terms) of the PPO loss on ``rows`` of ``batch`` at the snapshot
     (``policy``, ``critic``). ``behaviour``: the policy that acted (the ratio's denominator is the
     batch's own log-probabilities; the KL anchor is this policy); ``live``: the other live
-    versions, whose ratios truncate this one's when ``settings.is_truncation``."""
+    versions, whose ratios truncate this one's when ``settings.is_truncation``. A parameter the
+    loss does not reach travels as zeros: the wire carries every parameter."""
     if len(rows) == 0:
         raise ValueError("the slice is empty: it starts past the end of the batch")
     s = settings
     with torch.no_grad():
         data = prepare_batches([batch], policy, critic, s.gamma, s.gae_lambda, s.reward_scale)
         data = data._replace(anchor=forward_dist_params(behaviour, data.obs))
-    mb = ppo_minibatch(data, torch.as_tensor(rows, dtype=torch.long))
-    feats = policy.features(mb.obs)
-    dist = policy.distribution_from_features(feats)
-    logp_new = dist.log_prob(mb.actions)
-    live_logps = []
-    if s.is_truncation:
-        with torch.no_grad():
-            live_logps = [other.distribution(mb.obs).log_prob(mb.actions) for other in live]
-        ratio = truncated_ratio(logp_new, mb.logp_old, live_logps, s.is_ratio)
-    else:
-        ratio = torch.exp(logp_new - mb.logp_old)
-    surrogate = clipped_surrogate_of_ratio(ratio, mb.advantages, s.clip)
-    policy_loss, terms = penalised_policy_loss(surrogate, dist, mb.anchor, kl_coef=s.kl_coef, entropy_coef=s.entropy_coef)
-    vf = value_loss(critic(feats), mb.returns, mb.old_values, s.vf_clip)
-    total = policy_loss + s.vf_coef * vf
-    named = gradient_names(policy, critic)
-    grads = torch.autograd.grad(total, list(named.values()), allow_unused=True)
-    out = {name: (torch.zeros_like(p) if g is None else g.detach()) for (name, p), g in zip(named.items(), grads)}
-    with torch.no_grad():
-        truncated = float((ratio.detach() < torch.exp(logp_new - mb.logp_old).detach() - 1e-12).float().mean())
-    metrics = {k: float(v) for k, v in terms.items()} | {
-        "loss": float(total.detach()), "vf_loss": float(vf.detach()),
-        "clip_frac": float(clip_fraction(logp_new.detach() - mb.logp_old, s.clip)),
-        "truncated_frac": truncated, "samples": float(len(rows)),
-    }
+    got = ppo_gradients(policy, critic, data, torch.as_tensor(rows, dtype=torch.long), clip=s.clip,
+                        kl_coef=s.kl_coef, vf_clip=s.vf_clip, vf_coef=s.vf_coef, entropy_coef=s.entropy_coef,
+                        live=list(live) if s.is_truncation else None, is_ratio=s.is_ratio)
+    out = {name: got.tensors[name].detach() if name in got.tensors else torch.zeros_like(p)
+           for name, p in parameter_names(policy, critic).items()}
+    metrics = {**got.terms, "loss": got.loss, "samples": float(got.samples)}
+    metrics.setdefault("truncated_frac", 0.0)
     return out, metrics

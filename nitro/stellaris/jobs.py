@@ -1,8 +1,9 @@
 """A gradient job: the data-only event a learner function receives, and the keys it reads and writes.
 
 Every key lives under the round's prefix in the trajectory cache, so it carries the cache's TTL
-and is deleted with the round: ``...:snapshot:v{version}`` (a parameter-server version: policy and
-critic, safetensors) and ``...:gradient:{invocation_id}`` (the function's answer, safetensors).
+and is deleted with the round: ``...:snapshot:{attempt}:v{version}`` (a parameter-server version: policy and
+critic, safetensors) and ``...:gradient:{invocation_id}`` (the function's answer, safetensors),
+both distinct per attempt at the round.
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ SNAPSHOT_FORMAT = "nitro.snapshot/1"
 GRADIENT_FORMAT = "nitro.gradient/1"
 
 
-def gradient_job_id(run_id: str, round_idx: int, job: int) -> str:
-    """Unique per (run, round, job); distinct from every actor's invocation id."""
-    return f"{run_id}-r{round_idx:05d}-g{job:05d}"
+def gradient_job_id(run_id: str, round_idx: int, attempt: str, job: int) -> str:
+    """Unique per (run, round, attempt at the round, job); distinct from every actor's invocation
+    id. The attempt keeps a dead attempt's gradient (and its summary) from being read by the
+    attempt that resumes the round: it was computed against that attempt's snapshots."""
+    return f"{run_id}-r{round_idx:05d}-{attempt}-g{job:05d}"
 
 
-def snapshot_key(cache: TrajectoryCache, round_idx: int, version: int) -> str:
-    return f"{cache.round_prefix(round_idx)}:snapshot:v{version:07d}"
+def snapshot_key(cache: TrajectoryCache, round_idx: int, attempt: str, version: int) -> str:
+    """A version's snapshot in one attempt at the round: a resumed attempt publishes its own,
+    and never reads the versions a dead attempt published (they may differ from its own)."""
+    return f"{cache.round_prefix(round_idx)}:snapshot:{attempt}:v{version:07d}"
 
 
 def gradient_key(cache: TrajectoryCache, round_idx: int, invocation_id: str) -> str:
@@ -32,7 +37,7 @@ def gradient_key(cache: TrajectoryCache, round_idx: int, invocation_id: str) -> 
 
 class GradientJob(BaseModel):
     """One slice of one actor batch, to differentiate at one snapshot. JSON in, like ``ActorEvent``;
-    the same function image and the same worker pool run both (``nitro.functions``)."""
+    the same function image and the same worker pool run both (``nitro.run.functions``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

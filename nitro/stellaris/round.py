@@ -12,8 +12,12 @@ round's projected learner time.
 Stated rules: a job whose batch never lands, whose function fails, or whose gradient is late or
 fails the door is lost: its slice is not trained on in this round, the version still advances (so
 no job waits for a gradient that will not come), and the loss is counted with its one-line reason.
-At the end of the round, the observation and reward statistics merge the round's batches (the
-functions computed against frozen statistics) and the KL coefficient adapts, as in a sync update.
+Each application is one group (what the trigger collected): the learner's ``apply_gradients``
+takes one step on its gradients' mean, weighted by samples and staleness, and one version is
+published. At the end of the round the learner's ``close_update`` adapts the KL coefficient and
+merges the round's observation and reward statistics (the functions computed against frozen
+statistics), as a sync update does. A round's snapshots and gradient jobs are keyed by the attempt
+at the round, so a resumed attempt never reads what a dead one wrote.
 """
 
 from __future__ import annotations
@@ -28,14 +32,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nitro.actors.events import ActorEvent, ActorSummary
-from nitro.behaviour import BehaviourPolicies
 from nitro.cache import TrajectoryCache
-from nitro.checkpoint import save_inflight
 from nitro.config import NitroConfig
-from nitro.learners.distributions import forward_dist_params
-from nitro.learners.objective import adapt_kl_coef, whole_batch_kl
+from nitro.learners import Progress
+from nitro.learners.behaviour import BehaviourPolicies
 from nitro.learners.ppo import PPOLearner
-from nitro.learners.sgd import annealed_lr
 from nitro.stellaris.aggregation import BoundState
 from nitro.stellaris.jobs import GradientJob, gradient_job_id, gradient_key, snapshot_key
 from nitro.stellaris.schedule import GradientSchedule, LatencyModel, simulate
@@ -56,6 +57,7 @@ class GradientPlan:
     schedule: dict | None = None  # GradientSchedule.to_dict(): plain data, as Prefect passes it
     lanes: int = 0
     bound: int | None = None  # the staleness bound the schedule was drawn with
+    attempt: str = ""  # this attempt at the round: its snapshots and gradients are its own
 
 
 @dataclass
@@ -107,16 +109,15 @@ class StellarisLearning:
     # -- planning ---------------------------------------------------------------------------------
 
     def plan(self, k: int, events: list[ActorEvent], weights_key: str, actor_cache_url: str,
-             actor_credentials: dict[str, str]) -> GradientPlan:
-        """The round's jobs and their schedule, recorded as in flight with the actors' invocations."""
+             actor_credentials: dict[str, str], attempt: str) -> GradientPlan:
+        """The round's jobs and their schedule, for ``attempt`` at the round (its job ids and
+        snapshot keys name it)."""
         train = [e for e in events if e.mode == "train"]
         if not train:
             return GradientPlan()
         cfg = self.config.learner
-        if self.config.ppo.anneal_lr:
-            self.learner.set_learning_rate(annealed_lr(self.config.ppo.lr, k + 1, self.config.rounds))
         self._answers.clear()
-        self._publish(k)  # the round's first version, under the round's own prefix
+        self._publish(k, attempt)  # the round's first version, under the round's own prefix
         order = [(epoch, a, s) for epoch in range(self.epochs) for a in range(len(train)) for s in range(self.slices)]
         lanes = cfg.functions_for(len(train))
         rng = np.random.default_rng([self.config.seed, k, 0x57E11A])
@@ -136,19 +137,19 @@ class StellarisLearning:
             live = sorted({o.snapshot_version for o in schedule.jobs
                            if o.start_s <= sj.start_s < o.end_s and o.snapshot_version != sj.snapshot_version})
             actor = train[a]
-            inv = gradient_job_id(self.run_id, k, sj.job)
+            inv = gradient_job_id(self.run_id, k, attempt, sj.job)
             jobs.append(GradientJob(
                 run_id=self.run_id, round=k, invocation_id=inv, job=sj.job, env_id=self.config.env_id,
-                snapshot_key=snapshot_key(self.cache, k, sj.snapshot_version), snapshot_version=sj.snapshot_version,
-                behaviour_key=weights_key, live_keys=[snapshot_key(self.cache, k, v) for v in live],
+                snapshot_key=snapshot_key(self.cache, k, attempt, sj.snapshot_version),
+                snapshot_version=sj.snapshot_version, behaviour_key=weights_key,
+                live_keys=[snapshot_key(self.cache, k, attempt, v) for v in live],
                 actor_id=actor.invocation_id, batch_key=self.cache.batch_key(k, actor.invocation_id),
                 seed=actor.seed, epoch=epoch, slice=s, slice_samples=cfg.slice_samples,
                 cache_url=actor_cache_url, cache_credentials=actor_credentials, ttl_s=self.cache.ttl_s))
-        save_inflight(self.config.home, self.run_id, k, [e.invocation_id for e in events] + [j.invocation_id for j in jobs])
-        return GradientPlan(jobs, schedule.to_dict(), lanes, bound)
+        return GradientPlan(jobs, schedule.to_dict(), lanes, bound, attempt)
 
-    def _publish(self, k: int) -> None:
-        self.server.publish(k)
+    def _publish(self, k: int, attempt: str) -> None:
+        self.server.publish(k, attempt)
         with self._signal:
             self._published = self.server.version
             self._signal.notify_all()
@@ -191,13 +192,15 @@ class StellarisLearning:
     # -- serving ----------------------------------------------------------------------------------
 
     def serve(self, k: int, plan: GradientPlan) -> Served:
-        """Apply the round's gradients in the schedule's order (see the module docstring), then
-        merge the round's statistics and adapt the KL coefficient."""
+        """Apply the round's gradients in the schedule's order, one group (the schedule's
+        application) in one step and one published version at a time (see the module docstring),
+        then close the learner's update: the KL coefficient adapts and the statistics merge."""
         served = Served(batches={}, missing=[], corrupt={}, lost={}, staleness=[], adam_steps=0, metrics={}, busy_s=0.0)
         if not plan.jobs or plan.schedule is None:
             return served
         schedule = GradientSchedule.from_dict(plan.schedule)
         behaviour_policy = copy.deepcopy(self.learner.policy)  # what the actors act with this round
+        progress = Progress(k + 1, self.config.rounds)  # round k's batches: what sync's round k+1 trains on
         sums: dict[str, float] = {}
         for application in schedule.applications:
             landed = []
@@ -212,11 +215,11 @@ class StellarisLearning:
                         sums[name] = sums.get(name, 0.0) + value
                 served.busy_s += time.perf_counter() - started
             started = time.perf_counter()
-            served.adam_steps += self.server.apply(landed)
-            self._publish(k)
+            served.adam_steps += self.server.apply(landed, progress)
+            self._publish(k, plan.attempt)
             served.busy_s += time.perf_counter() - started
         started = time.perf_counter()
-        self._end_round(list(served.batches.values()), behaviour_policy)
+        closed = self.learner.close_update(list(served.batches.values()), behaviour_policy) if served.batches else {}
         served.busy_s += time.perf_counter() - started
         mean_staleness = float(np.mean(served.staleness)) if served.staleness else 0.0
         self.bound.observe_round(mean_staleness)
@@ -229,7 +232,7 @@ class StellarisLearning:
             "stellaris_bound": float(self.bound_now() or -1), "stellaris_versions": float(len(schedule.applications)),
             "stellaris_lanes": float(plan.lanes), "stellaris_version": float(self.server.version),
             "sgd_steps": float(served.adam_steps), "kl_coef": self.learner.kl_coef,
-        }
+        } | closed
         return served
 
     def _receive(self, job: GradientJob, served: Served) -> Gradient | None:
@@ -258,24 +261,25 @@ class StellarisLearning:
             answer = self._answers.get(job.invocation_id)
         if answer is not None and not answer.ok:
             return f"gradient lost: the function failed: {answer.error}"
-        payload = self.cache.client.get(gradient_key(self.cache, job.round, job.invocation_id))
+        payload = self.cache.fetch(gradient_key(self.cache, job.round, job.invocation_id))
         if payload is None:
             return (f"gradient lost: not in the cache within {timeout_s:g} s" if answer is None else
                     "gradient lost: the function answered but its gradient is not in the cache (expired?)")
         return payload
 
     def _admit_batch(self, job: GradientJob, served: Served) -> bool:
-        """Check the job's batch at the learner's door once (``nitro.validation``, ``nitro.behaviour``)."""
+        """Check the job's batch at the learner's door once (``nitro.validation``, ``nitro.learners.behaviour``)."""
         if job.actor_id in served.batches:
             return True
         if job.actor_id in served.corrupt or job.actor_id in served.missing:
             return False
-        payload = self.cache.client.get(job.batch_key)
+        payload = self.cache.fetch(job.batch_key)
         if payload is None:
             served.missing.append(job.actor_id)
             return False
         try:
-            arrays, meta = decode_batch_meta(payload, self.learner.spec, self.config.steps_per_actor, job.actor_id, self.bounds)
+            arrays, meta = decode_batch_meta(payload, self.learner.spec, self.config.steps_per_actor, job.actor_id,
+                                             self.bounds)
             self.behaviour.check(arrays, batch_version(meta))
         except BatchError as exc:
             log.warning("round %d: dropped corrupt batch %s: %s", job.round, job.actor_id, exc)
@@ -283,19 +287,6 @@ class StellarisLearning:
             return False
         served.batches[job.actor_id] = arrays
         return True
-
-    def _end_round(self, batches: list[dict], behaviour_policy) -> None:
-        """KL of the round's policy against the one that acted -> the KL coefficient; then the
-        round's statistics, and the batch the boosting detector differentiates."""
-        if not batches:
-            return
-        learner = self.learner
-        data = learner.prepare(batches)
-        kl = whole_batch_kl(learner.policy, data.obs, forward_dist_params(behaviour_policy, data.obs))
-        learner.kl_coef = adapt_kl_coef(learner.kl_coef, kl, learner.cfg.kl_target)
-        learner._merge_statistics(batches)
-        learner.trained_batch = learner.prepare(batches)
-        learner.n_updates += 1
 
     # -- the clock and the budget -----------------------------------------------------------------
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -136,6 +137,7 @@ def simulate(ready_s: Sequence[float], latency_s: Sequence[float], *, lanes: int
             if should_apply([s for _, s in pending], bound, trigger_k):
                 apply_pending(last_landing)
             continue
+        assert next_start is not None  # with every job started, a landing is left, and the branch above took it
         job, last_start = len(scheduled), next_start
         lane = next(i for i, free in enumerate(lane_free) if free <= next_start)
         end = next_start + latency_s[job]

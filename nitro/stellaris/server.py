@@ -1,9 +1,10 @@
 """The parameter server: the learner process under Stellaris. It no longer computes gradients; it
-applies the ones learner functions send, each weighted by its staleness, and publishes each new
-version of the policy and critic as a snapshot for the next functions.
+hands each group of landed gradients (what the aggregation trigger collects) to the PPO learner's
+``apply_gradients`` (one Adam step on their mean, weighted by samples and staleness) and publishes
+one new version of the policy and critic per group as a snapshot for the next functions.
 
-It trains the PPO learner's own networks and Adam, so a checkpoint, the boosting detector and the
-published actor weights see one policy whichever mode trained it.
+The learner keeps its optimiser, its learning-rate schedule and its statistics, so a checkpoint,
+the boosting detector and the published actor weights see one policy whichever mode trained it.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from nitro.cache import TrajectoryCache
-from nitro.config_learner import LearnerConfig
+from nitro.config.learner import LearnerConfig
+from nitro.learners import Progress
 from nitro.learners.ppo import PPOLearner
 from nitro.stellaris.aggregation import staleness_weight
-from nitro.stellaris.gradient import LossSettings, gradient_names
+from nitro.stellaris.gradient import LossSettings
 from nitro.stellaris.jobs import snapshot_key
 from nitro.stellaris.wire import Gradient, snapshot_payload
 
@@ -32,18 +33,15 @@ class Landed:
 
 
 class ParameterServer:
-    """Applies gradients to ``learner``'s networks and publishes versions (``version`` counts them)."""
+    """Applies groups of gradients through ``learner`` and publishes versions (``version`` counts them)."""
 
     def __init__(self, learner: PPOLearner, config: LearnerConfig, cache: TrajectoryCache):
         self.learner, self.config, self.cache = learner, config, cache
         self.version = 0
-        self.named = gradient_names(learner.policy, learner.critic)
-        self.policy_params = [p for n, p in self.named.items() if n.startswith("policy.")]
-        self.critic_params = [p for n, p in self.named.items() if n.startswith("critic.")]
 
     @property
     def expected_shapes(self) -> dict[str, torch.Size]:
-        return {name: p.shape for name, p in self.named.items()}
+        return {name: p.shape for name, p in self.learner.parameter_names().items()}
 
     def settings(self) -> LossSettings:
         """The loss as the functions compute it now: the PPO config, its KL coefficient in force, the
@@ -54,47 +52,25 @@ class ParameterServer:
                             vf_clip=cfg.vf_clip, vf_coef=cfg.vf_coef, is_truncation=lr.is_truncation,
                             is_ratio=lr.is_ratio)
 
-    def publish(self, round_idx: int) -> str:
-        """The current version as a snapshot under round ``round_idx``'s prefix (SET NX: a version is
-        written once); returns its key."""
-        key = snapshot_key(self.cache, round_idx, self.version)
+    def publish(self, round_idx: int, attempt: str) -> str:
+        """The current version as a snapshot under round ``round_idx``'s prefix and this ``attempt``
+        at the round (SET NX: a version is written once); returns its key."""
+        key = snapshot_key(self.cache, round_idx, attempt, self.version)
         payload = snapshot_payload(self.learner.policy, self.learner.critic, env_id=self.learner.spec.env_id,
                                    version=self.version, arch=self.learner.policy.arch, settings=self.settings())
         self.cache.client.set(key, payload, nx=True, ex=self.cache.ttl_s)
         return key
 
-    def apply(self, landed: Sequence[Landed]) -> int:
-        """Apply one aggregation event's gradients and advance the version; returns the Adam steps
-        taken. ``sequential``: each gradient its own step at lr * w(s); ``weighted_mean``: one step
-        on sum(w_i g_i) / sum(w_i). Each step clips the policy's and the critic's gradients
-        separately, as the synchronous learner does."""
-        steps = 0
+    def apply(self, landed: Sequence[Landed], progress: Progress) -> int:
+        """Apply one aggregation event's group in one optimiser step and advance the version (an
+        empty group too: no job waits for a gradient that will not come); returns the steps taken
+        (0 or 1). Each gradient counts by its samples and its staleness weight w(s): the step is
+        on sum(n_i w_i g_i) / sum(n_i w_i) at lr * sum(n_i w_i) / sum(n_i), so one gradient alone
+        steps at lr * w(s), as the official code's per-gradient steps would."""
+        took = False
         if landed:
             weights = [staleness_weight(x.staleness, self.config.weighting, self.config.kappa) for x in landed]
-            if self.config.apply == "sequential":
-                for x, w in zip(landed, weights):
-                    steps += self._step(x.gradient.tensors, w)
-            else:
-                total = sum(weights)
-                mean = {name: sum(w * x.gradient.tensors[name] for x, w in zip(landed, weights)) / total
-                        for name in self.named}
-                steps += self._step(mean, 1.0)
+            took = self.learner.apply_gradients([x.gradient.gradients() for x in landed], weights=weights,
+                                                progress=progress)
         self.version += 1
-        return steps
-
-    def _step(self, grads: dict[str, torch.Tensor], lr_factor: float) -> int:
-        opt = self.learner.optimizer
-        base = [g["lr"] for g in opt.param_groups]
-        for name, p in self.named.items():
-            p.grad = grads[name].to(p.device, p.dtype).clone()
-        norms = (nn.utils.clip_grad_norm_(self.policy_params, self.learner.cfg.max_grad_norm),
-                 nn.utils.clip_grad_norm_(self.critic_params, self.learner.cfg.max_grad_norm))
-        took = all(torch.isfinite(n) for n in norms)
-        if took:
-            for g, lr in zip(opt.param_groups, base):
-                g["lr"] = lr * lr_factor
-            opt.step()
-            for g, lr in zip(opt.param_groups, base):
-                g["lr"] = lr
-        opt.zero_grad(set_to_none=True)
         return int(took)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from nitro.envs import EnvSpec
+from nitro.learners import Gradients
 from nitro.models import Architecture, Critic, Policy, build_critic, build_policy
 from nitro.serialization import SerializationError, dumps_tensors, loads_tensors
 from nitro.stellaris.gradient import LossSettings
@@ -55,7 +56,8 @@ def load_snapshot(payload: bytes, spec: EnvSpec) -> Snapshot:
     for prefix, module in (("policy.", policy), ("critic.", critic)):
         state = {k[len(prefix):]: torch.as_tensor(v) for k, v in arrays.items() if k.startswith(prefix)}
         module.load_state_dict(state)
-    return Snapshot(int(json.loads(meta["version"])), policy, critic, LossSettings.from_meta(json.loads(meta["settings"])))
+    settings = LossSettings.from_meta(json.loads(meta["settings"]))
+    return Snapshot(int(json.loads(meta["version"])), policy, critic, settings)
 
 
 def gradient_payload(grads: Mapping[str, torch.Tensor], *, invocation_id: str, snapshot_version: int,
@@ -71,6 +73,12 @@ class Gradient:
     snapshot_version: int
     tensors: dict[str, torch.Tensor]
     metrics: dict[str, float]
+
+    def gradients(self) -> Gradients:
+        """As the learner's ``apply_gradients`` takes it: its samples (1 when the metrics do not
+        say) weigh it in a group's mean."""
+        samples = int(self.metrics.get("samples", 1))
+        return Gradients(self.tensors, samples, float(self.metrics.get("loss", 0.0)), self.metrics)
 
 
 def check_gradient(payload: bytes, *, expected: Mapping[str, torch.Size], invocation_id: str,
@@ -88,7 +96,8 @@ def check_gradient(payload: bytes, *, expected: Mapping[str, torch.Size], invoca
         raise GradientError(f"gradient computed at version {got_version}, scheduled at {snapshot_version}")
     if set(arrays) != set(expected):
         missing, extra = sorted(set(expected) - set(arrays)), sorted(set(arrays) - set(expected))
-        raise GradientError(f"gradient tensors differ from the parameters: missing {missing[:3]}, unexpected {extra[:3]}")
+        raise GradientError(
+            f"gradient tensors differ from the parameters: missing {missing[:3]}, unexpected {extra[:3]}")
     tensors = {}
     for name, shape in expected.items():
         arr = arrays[name]

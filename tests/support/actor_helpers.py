@@ -1,4 +1,5 @@
-"""Actor functions for the local-pool tests, run inside worker processes (``actor_fn="tests.support.actor_helpers:..."``).
+"""Actor functions for the local-pool tests, run inside worker processes
+(``actor_fn="tests.support.actor_helpers:..."``).
 
 ``scripted`` behaves by the event's seed: 1 segfaults, 2 exits with os._exit(3), 3 hangs, 4 raises,
 5 kills its own process with SIGKILL (as the kernel's OOM killer does), anything else answers at

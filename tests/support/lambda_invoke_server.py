@@ -169,7 +169,11 @@ def _worker_main(conn, spec: dict[str, Any]) -> None:  # runs in the child proce
     except Exception as exc:  # what the runtime reports when the handler cannot be loaded
         kind = "Runtime.HandlerNotFound" if isinstance(exc, AttributeError) else "Runtime.ImportModuleError"
         init_error = _error_doc(exc, "", kind)
-        init_error["errorMessage"] = f"Unable to import module '{module_name}': {exc}" if kind.endswith("ImportModuleError") else f"Handler '{func_name}' missing on module '{module_name}'"
+        init_error["errorMessage"] = (
+            f"Unable to import module '{module_name}': {exc}"
+            if kind.endswith("ImportModuleError")
+            else f"Handler '{func_name}' missing on module '{module_name}'"
+        )
         init_error.pop("stackTrace", None)
     init_ms = (time.perf_counter() - t0) * 1000.0
     send(("ready", init_ms))
@@ -198,10 +202,13 @@ def _worker_main(conn, spec: dict[str, Any]) -> None:  # runs in the child proce
             except Exception as exc:
                 body, func_error = json.dumps(_error_doc(exc, request_id)).encode(), True
             if not func_error and len(body) > MAX_RESPONSE_BYTES:
-                body = json.dumps({
-                    "errorMessage": f"Response payload size ({len(body)} bytes) exceeded maximum allowed payload size ({MAX_RESPONSE_BYTES} bytes).",
-                    "errorType": "Function.ResponseSizeTooLarge",
-                }).encode()
+                body = json.dumps(
+                    {
+                        "errorMessage": f"Response payload size ({len(body)} bytes) exceeded maximum allowed "
+                        f"payload size ({MAX_RESPONSE_BYTES} bytes).",
+                        "errorType": "Function.ResponseSizeTooLarge",
+                    }
+                ).encode()
                 func_error = True
         duration_ms = (time.perf_counter() - start) * 1000.0
         send(("result", req_id, func_error, body, duration_ms, init_ms if cold else None, _max_rss_mb()))
@@ -242,13 +249,15 @@ class _Worker:
 
     _ids = itertools.count(1)
 
-    def __init__(self, pool: "_FunctionPool"):
+    def __init__(self, pool: _FunctionPool):
         self.pool = pool
         self.id = next(self._ids)
         ctx = _mp_context()
         self.conn, child = ctx.Pipe(duplex=True)
         spec = dict(pool.spec.__dict__)
-        self.process = ctx.Process(target=_worker_main, args=(child, spec), daemon=True, name=f"lambda-{pool.spec.name}-{self.id}")
+        self.process = ctx.Process(
+            target=_worker_main, args=(child, spec), daemon=True, name=f"lambda-{pool.spec.name}-{self.id}"
+        )
         self.process.start()
         child.close()
         self.in_flight: dict[int, asyncio.Future] = {}
@@ -283,7 +292,7 @@ class _Worker:
         if not self.ready.done():
             self.ready.set_result(None)
         code = self.process.exitcode
-        for req_id, fut in list(self.in_flight.items()):
+        for fut in list(self.in_flight.values()):
             if not fut.done():
                 fut.set_exception(_WorkerDied(code))
             self.pool.release(self)
@@ -345,7 +354,14 @@ class _FunctionPool:
         self.workers: list[_Worker] = []
         self.busy: dict[int, int] = {}  # worker id -> slots in use
         self.in_flight = 0
-        self.stats = {"invocations": 0, "throttles": 0, "timeouts": 0, "function_errors": 0, "cold_starts": 0, "too_large": 0}
+        self.stats = {
+            "invocations": 0,
+            "throttles": 0,
+            "timeouts": 0,
+            "function_errors": 0,
+            "cold_starts": 0,
+            "too_large": 0,
+        }
         self.request_ids: deque[str] = deque(maxlen=100_000)
 
     def acquire(self) -> _Worker | None:
@@ -355,16 +371,18 @@ class _FunctionPool:
         slots = max(1, self.spec.threads_per_worker)
         best = None
         for w in self.workers:
-            if not w.dead and self.busy.get(w.id, 0) < slots:
-                if best is None or self.busy.get(w.id, 0) < self.busy.get(best.id, 0):
-                    best = w
+            free = not w.dead and self.busy.get(w.id, 0) < slots
+            if free and (best is None or self.busy.get(w.id, 0) < self.busy.get(best.id, 0)):
+                best = w
         # Spread threaded environments over a few processes before stacking them.
         max_procs = max(1, math.ceil(self.spec.concurrency / slots))
-        if best is None or (self.busy.get(best.id, 0) > 0 and len(self.workers) < min(max_procs, os.cpu_count() or 1) and slots > 1):
-            if len([w for w in self.workers if not w.dead]) < max_procs:
-                best = _Worker(self)
-                self.workers.append(best)
-                self.stats["cold_starts"] += 1
+        spread = best is not None and (
+            self.busy.get(best.id, 0) > 0 and len(self.workers) < min(max_procs, os.cpu_count() or 1) and slots > 1
+        )
+        if (best is None or spread) and len([w for w in self.workers if not w.dead]) < max_procs:
+            best = _Worker(self)
+            self.workers.append(best)
+            self.stats["cold_starts"] += 1
         if best is None:
             return None
         self.busy[best.id] = self.busy.get(best.id, 0) + 1
@@ -419,7 +437,11 @@ def sigv4_problem(method: str, raw_path_qs: str, headers: Any, body: bytes,
     m = _AUTH_RE.match(auth)
     amz_date = headers.get("X-Amz-Date", "")
     if m is None or not amz_date:
-        return 403, "IncompleteSignatureException", f"Authorization header requires a valid Credential, SignedHeaders and Signature: {auth[:80]}"
+        return (
+            403,
+            "IncompleteSignatureException",
+            f"Authorization header requires a valid Credential, SignedHeaders and Signature: {auth[:80]}",
+        )
     key_id, day, region, service, signed, signature = m.groups()
     if key_id != credentials[0]:
         return 403, "UnrecognizedClientException", "The security token included in the request is invalid."
@@ -428,18 +450,30 @@ def sigv4_problem(method: str, raw_path_qs: str, headers: Any, body: bytes,
     except ValueError:
         return 403, "IncompleteSignatureException", f"invalid X-Amz-Date {amz_date!r}"
     if abs(time.time() - when) > MAX_SKEW_S:
-        return 403, "InvalidSignatureException", f"Signature expired: {amz_date} is now earlier or later than 15 min of the server time"
+        return (
+            403,
+            "InvalidSignatureException",
+            f"Signature expired: {amz_date} is now earlier or later than 15 min of the server time",
+        )
     names = signed.split(";")
     if "host" not in names or any(name not in headers for name in names):
         return 403, "InvalidSignatureException", f"signed headers missing from the request: {signed}"
     request = AWSRequest(method=method, url=f"http://{headers['Host']}{raw_path_qs}", data=body,
                          headers={name: headers[name] for name in names})
     request.context["timestamp"] = amz_date
-    signer = SigV4Auth(Credentials(credentials[0], credentials[1], headers.get("X-Amz-Security-Token")), service, region)
+    signer = SigV4Auth(
+        Credentials(credentials[0], credentials[1], headers.get("X-Amz-Security-Token")), service, region
+    )
     expected = signer.signature(signer.string_to_sign(request, signer.canonical_request(request)), request)
     if not hmac.compare_digest(expected, signature) or day != amz_date[:8]:
-        return 403, "InvalidSignatureException", ("The request signature we calculated does not match the signature you "
-                                                  "provided. Check your AWS Secret Access Key and signing method.")
+        return (
+            403,
+            "InvalidSignatureException",
+            (
+                "The request signature we calculated does not match the signature you "
+                "provided. Check your AWS Secret Access Key and signing method."
+            ),
+        )
     return None
 
 
@@ -480,7 +514,7 @@ class InvokeServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> "InvokeServer":
+    def start(self) -> InvokeServer:
         self._thread = threading.Thread(target=self._run, name="invoke-server", daemon=True)
         self._thread.start()
         self._started.wait(30)
@@ -530,7 +564,7 @@ class InvokeServer:
         self._thread.join(timeout=15)
         self._loop = None
 
-    def __enter__(self) -> "InvokeServer":
+    def __enter__(self) -> InvokeServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -583,7 +617,11 @@ class InvokeServer:
                 return _json_error(problem[0], problem[1], problem[2])
         spec = self.functions.get(name)
         if spec is None:
-            return _json_error(404, "ResourceNotFoundException", f"Function not found: arn:aws:lambda:us-east-1:{ACCOUNT_ID}:function:{name}")
+            return _json_error(
+                404,
+                "ResourceNotFoundException",
+                f"Function not found: arn:aws:lambda:us-east-1:{ACCOUNT_ID}:function:{name}",
+            )
         pool = self._pools[name]
         qualifier = request.query.get("Qualifier")
         version = "$LATEST"
@@ -596,8 +634,11 @@ class InvokeServer:
                 return _json_error(404, "ResourceNotFoundException", f"Function not found: {spec.arn}:{qualifier}")
         if len(payload) > MAX_REQUEST_BYTES:
             pool.stats["too_large"] += 1
-            return _json_error(413, "RequestEntityTooLargeException",
-                               f"Request must be smaller than {MAX_REQUEST_BYTES} bytes for the InvokeFunction operation")
+            return _json_error(
+                413,
+                "RequestEntityTooLargeException",
+                f"Request must be smaller than {MAX_REQUEST_BYTES} bytes for the InvokeFunction operation",
+            )
         try:
             if payload:
                 json.loads(payload)
@@ -607,7 +648,11 @@ class InvokeServer:
         if inv_type == "DryRun":
             return web.Response(status=204, headers={"x-amzn-RequestId": str(uuid.uuid4())})
         if inv_type != "RequestResponse":
-            return _json_error(400, "InvalidParameterValueException", f"this local server supports RequestResponse and DryRun, not {inv_type}")
+            return _json_error(
+                400,
+                "InvalidParameterValueException",
+                f"this local server supports RequestResponse and DryRun, not {inv_type}",
+            )
 
         worker = pool.acquire()
         if worker is None:
@@ -621,48 +666,76 @@ class InvokeServer:
         fut = loop.create_future()
         req_id = next(_REQ_IDS)
         try:
-            init_ms = await asyncio.wait_for(asyncio.shield(worker.ready), timeout=spec.timeout_s + 60)
-        except asyncio.TimeoutError:
-            init_ms = None
+            await asyncio.wait_for(asyncio.shield(worker.ready), timeout=spec.timeout_s + 60)
+        except TimeoutError:
+            pass  # the invoke below fails or times out on its own
         worker.in_flight[req_id] = fut
         try:
             worker.send(("invoke", req_id, payload, spec.timeout_s, request_id, qualifier))
         except (OSError, ValueError):
             worker.in_flight.pop(req_id, None)
             pool.release(worker)
-            return self._function_error(request_id, version, {"errorType": "Runtime.ExitError",
-                                        "errorMessage": f"RequestId: {request_id} Error: Runtime exited without providing a reason"}, None, spec, request)
+            return self._function_error(
+                request_id,
+                version,
+                {
+                    "errorType": "Runtime.ExitError",
+                    "errorMessage": f"RequestId: {request_id} Error: Runtime exited without providing a reason",
+                },
+                None,
+                spec,
+                request,
+            )
         tail = request.headers.get("X-Amz-Log-Type") == "Tail"
         try:
             res: _Result = await asyncio.wait_for(asyncio.shield(fut), timeout=spec.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pool.stats["timeouts"] += 1
             if spec.threads_per_worker <= 1:
                 worker.in_flight.pop(req_id, None)
                 worker.kill()  # Lambda destroys the execution environment after a timeout
             else:
                 fut.cancel()  # the slot frees itself when the (simulated) handler returns
-            billed = int(math.ceil(spec.timeout_s * 1000))
-            doc = {"errorType": "Sandbox.Timedout",
-                   "errorMessage": f"RequestId: {request_id} Error: Task timed out after {spec.timeout_s:.2f} seconds"}
-            report = (f"REPORT RequestId: {request_id}\tDuration: {spec.timeout_s * 1000:.2f} ms\tBilled Duration: {billed} ms\t"
-                      f"Memory Size: {spec.memory_mb} MB\tMax Memory Used: 0 MB\tStatus: timeout")
-            lines = [f"START RequestId: {request_id} Version: {version}",
-                     f"{time.strftime('%Y-%m-%dT%H:%M:%S')}Z {request_id} Task timed out after {spec.timeout_s:.2f} seconds",
-                     f"END RequestId: {request_id}", report]
+            billed = math.ceil(spec.timeout_s * 1000)
+            doc = {
+                "errorType": "Sandbox.Timedout",
+                "errorMessage": f"RequestId: {request_id} Error: Task timed out after {spec.timeout_s:.2f} seconds",
+            }
+            report = (
+                f"REPORT RequestId: {request_id}\tDuration: {spec.timeout_s * 1000:.2f} ms\t"
+                f"Billed Duration: {billed} ms\t"
+                f"Memory Size: {spec.memory_mb} MB\tMax Memory Used: 0 MB\tStatus: timeout"
+            )
+            lines = [
+                f"START RequestId: {request_id} Version: {version}",
+                f"{time.strftime('%Y-%m-%dT%H:%M:%S')}Z {request_id} Task timed out after {spec.timeout_s:.2f} seconds",
+                f"END RequestId: {request_id}",
+                report,
+            ]
             return self._function_error(request_id, version, doc, lines if tail else None, spec, request)
         except _WorkerDied as died:
             pool.stats["function_errors"] += 1
-            sig = f"signal: {-died.exitcode}" if died.exitcode is not None and died.exitcode < 0 else f"exit status {died.exitcode}"
-            doc = {"errorType": "Runtime.ExitError", "errorMessage": f"RequestId: {request_id} Error: Runtime exited with error: {sig}"}
+            sig = (
+                f"signal: {-died.exitcode}"
+                if died.exitcode is not None and died.exitcode < 0
+                else f"exit status {died.exitcode}"
+            )
+            doc = {
+                "errorType": "Runtime.ExitError",
+                "errorMessage": f"RequestId: {request_id} Error: Runtime exited with error: {sig}",
+            }
             return self._function_error(request_id, version, doc, None, spec, request)
-        billed = int(math.ceil(res.duration_ms)) + (int(math.ceil(res.init_ms)) if res.init_ms is not None else 0)
+        billed = math.ceil(res.duration_ms) + (math.ceil(res.init_ms) if res.init_ms is not None else 0)
         report = (f"REPORT RequestId: {request_id}\tDuration: {res.duration_ms:.2f} ms\tBilled Duration: {billed} ms\t"
                   f"Memory Size: {spec.memory_mb} MB\tMax Memory Used: {res.max_rss_mb} MB")
         if res.init_ms is not None:
             report += f"\tInit Duration: {res.init_ms:.2f} ms"
         lines = [f"START RequestId: {request_id} Version: {version}", f"END RequestId: {request_id}", report]
-        headers = {"x-amzn-RequestId": request_id, "X-Amz-Executed-Version": version, "Content-Type": "application/json"}
+        headers = {
+            "x-amzn-RequestId": request_id,
+            "X-Amz-Executed-Version": version,
+            "Content-Type": "application/json",
+        }
         if tail:
             headers["X-Amz-Log-Result"] = _log_tail(request_id, lines)
         if res.func_error:
@@ -689,7 +762,9 @@ _REQ_IDS = itertools.count(1)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.support.lambda_invoke_server", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m tests.support.lambda_invoke_server", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9001)
     p.add_argument("--function", default="nitro-actor", help="function name")

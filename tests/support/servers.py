@@ -34,8 +34,8 @@ def free_port() -> int:
 
 def spawn(args: list[str], env: dict, log: Path) -> subprocess.Popen:
     """Start ``args`` in the repository root, in a new session (its own process group)."""
-    out = open(log, "wb")
-    return subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -65,7 +65,8 @@ def wait_until(check: Callable[[], object], timeout_s: float, what: str, log: Pa
     deadline = time.monotonic() + timeout_s
     while True:
         if proc is not None and proc.poll() is not None:
-            pytest.fail(f"{what}: the process exited with {proc.returncode}:\n{tail(log) if log else ''}")
+            said = proc.stderr.read()[-3000:] if proc.stderr is not None else ""  # what it said, where piped
+            pytest.fail(f"{what}: the process exited with {proc.returncode}:\n{tail(log) if log else ''}{said}")
         result = check()
         if result:
             return result
@@ -100,7 +101,9 @@ def base_env() -> dict:
     return env
 
 
-def create_flow_run(client: httpx.Client, deployment_id: str, parameters: dict, timeout_s: float = 30.0) -> httpx.Response:
+def create_flow_run(
+    client: httpx.Client, deployment_id: str, parameters: dict, timeout_s: float = 30.0
+) -> httpx.Response:
     """POST a deployment's create_flow_run as the UI does, resending on 503 until ``timeout_s``:
     the server's "retry" answer, which a SQLite server gives when the event persister committed
     while it created the run (README, "Fan-out and orchestration"); Prefect's own client retries it
@@ -127,9 +130,11 @@ def prefect_server(tmp: Path, *, ui: bool = False, extra_env: dict[str, str] | N
     ``extra_env`` adds settings, e.g. ``PREFECT_API_DATABASE_CONNECTION_URL`` for PostgreSQL."""
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
+    from tests.support.templates import prefect_home
+
     env = base_env()
     env.update(
-        PREFECT_HOME=str(tmp / "prefect-home"),
+        PREFECT_HOME=str(prefect_home(tmp / "prefect-home")),
         PREFECT_API_URL=api,
         PREFECT_UI_ENABLED="true" if ui else "false",
         PREFECT_SERVER_API_HOST="127.0.0.1",
@@ -154,11 +159,13 @@ def prefect_server(tmp: Path, *, ui: bool = False, extra_env: dict[str, str] | N
 
 @contextmanager
 def mlflow_ui(tmp: Path, store_uri: str) -> Iterator[str]:
-    """`mlflow ui` on a free port over ``store_uri``; yields its base URL."""
+    """`mlflow ui` on a free port over ``store_uri``; yields its base URL. Artifacts logged through
+    it land under ``tmp`` (the server's default is ./mlartifacts in its working directory, the
+    checkout)."""
     port = free_port()
     log = tmp / "mlflow-ui.log"
-    proc = spawn([MLFLOW, "ui", "--backend-store-uri", store_uri, "--host", "127.0.0.1", "--port", str(port)],
-                 base_env(), log)
+    proc = spawn([MLFLOW, "ui", "--backend-store-uri", store_uri, "--artifacts-destination", str(tmp / "mlartifacts"),
+                  "--host", "127.0.0.1", "--port", str(port)], base_env(), log)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: _healthy(f"{url}/health"), 120, "mlflow ui healthy", log, proc)
