@@ -308,3 +308,22 @@ def test_a_learner_function_on_ray_computes_the_in_process_gradient(cluster, red
     with RayActorBackend(RayConfig(), timeout_s=120.0, memory_mb=1024) as b:
         summary = b.invoke(job)
     assert_function_gradient(summary, redis_client, job, want)
+
+
+def test_a_ray_worker_lost_mid_gradient_writes_nothing_and_the_job_runs_again(cluster, redis_url, redis_client):
+    """A learner function's Ray worker SIGKILLed in the middle of its job: the job answers as failed
+    (the round loses its slice, tests/test_stellaris_run.py), no gradient is stored under its key,
+    and the same job on a fresh worker stores the in-process gradient."""
+    from nitro.cache import TrajectoryCache
+    from nitro.stellaris.jobs import gradient_key
+    from tests.test_stellaris_parts import assert_function_gradient, gradient_job_and_expected
+
+    job, want = gradient_job_and_expected(redis_url, redis_client, "raylost")
+    with RayActorBackend(RayConfig(), timeout_s=120.0, memory_mb=1024,
+                         actor_fn="tests.support.actor_helpers:gradient_killed_mid_compute") as b:
+        lost = b.invoke(job)
+    assert not lost.ok and "worker process died" in lost.error, lost.error
+    assert redis_client.get(gradient_key(TrajectoryCache(redis_client, job.run_id), 1, job.invocation_id)) is None
+    with RayActorBackend(RayConfig(), timeout_s=120.0, memory_mb=1024) as b:
+        summary = b.invoke(job)
+    assert_function_gradient(summary, redis_client, job, want)

@@ -189,7 +189,12 @@ def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page, shot):
             submit.click()  # the form is still there and created nothing: submit it as a user would again
         # The submitted run, as the API has it: on a loaded machine the UI's own round trip (create,
         # then back to the deployment's Runs tab) can take longer than a page wait's default.
-        [submitted] = wait_until(runs, 180, "the submitted flow run", stack.worker_log, every_s=1)
+        try:
+            [submitted] = wait_until(runs, 180, "the submitted flow run", stack.worker_log, every_s=1)
+        except pytest.fail.Exception as exc:  # what the page showed, for a failure seen only on loaded CI hosts
+            shot(page, "prefect-2-submit-failed")
+            shown = page.locator(".p-toast, [role=alert], .p-message").all_inner_texts()
+            pytest.fail(f"{exc}\npage: {page.url}\nshown: {shown}\nthe form still shown: {submit.is_visible()}")
     # Prefect goes back to the deployment's Runs tab after Submit; the new run is listed there
     page.wait_for_url(re.compile(r"/deployments/deployment/[0-9a-f-]{36}\?tab=Runs"), timeout=180_000)
     flow_run_id = submitted["id"]

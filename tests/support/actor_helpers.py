@@ -44,3 +44,17 @@ def where(event: dict, state) -> ActorSummary:
     node = ray.get_runtime_context().get_node_id()
     return ActorSummary(invocation_id=event["invocation_id"], ok=True, steps=event["n_steps"],
                         batch_key=f"node:{node}:{os.getpid()}")
+
+
+def gradient_killed_mid_compute(event: dict, state) -> ActorSummary:
+    """The real learner function (``nitro.stellaris.function.run_gradient``), whose process is
+    SIGKILLed once the job has read and decoded its inputs, as its forward-backward starts: a Ray
+    worker (or a machine) lost mid-gradient, with nothing written."""
+    import nitro.stellaris.gradient as gradient
+    from nitro.stellaris.function import run_gradient
+
+    def dying(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    gradient.slice_gradient = dying
+    return run_gradient(event, state)
