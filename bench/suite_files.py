@@ -9,7 +9,7 @@ more than the wall) to ``bench/results/suite_files_<commit>.json``.
 ``compare BEFORE.json AFTER.json``: the two side by side, file by file, slowest first.
 
 Usage:  python bench/suite_files.py run /tmp/iso
-        python bench/suite_files.py compare bench/results/suite_files_50ff08a.json bench/results/suite_files_9ddec0f.json
+        python bench/suite_files.py compare bench/results/suite_files_50ff08a.json bench/results/suite_files_<new>.json
 """
 
 from __future__ import annotations
