@@ -1,10 +1,12 @@
 """Where the test suite's time goes, file by file (issue 46: the suite in at most ten minutes).
 
-``run CHECKOUT``: the README's test command (``pytest -q -n 4``) in ``CHECKOUT`` (a clone with its
-own ``.venv``, set up by its ``setup.sh``), with a JUnit report; writes the suite's wall time, the
+``run CHECKOUT``: the README's test command (``pytest -q -n 4``; ``--serial`` for a checkout from
+before the suite ran side by side, whose README says ``pytest -q``) in ``CHECKOUT`` (a clone with
+its own ``.venv``, set up by its ``setup.sh``), with a JUnit report; writes the suite's wall time, the
 load averages before and after, and per test file the tests, the failures and the seconds its
 tests took (setup, call and teardown summed; with ``-n 4`` four run at once, so the files add up to
-more than the wall) to ``bench/results/suite_files_<commit>.json``.
+more than the wall; module-scoped fixtures count in the test that sets them up) to
+``bench/results/suite_files_<commit>.json``.
 
 ``compare BEFORE.json AFTER.json``: the two side by side, file by file, slowest first.
 
@@ -31,15 +33,19 @@ from bench._common import machine
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def run(checkout: Path, out_dir: Path) -> Path:
+def run(checkout: Path, out_dir: Path, serial: bool = False) -> Path:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True,
                             check=True).stdout.strip()
     report = Path(f"/tmp/suite-{commit}.xml")
     load_before = os.getloadavg()
     print(f"suite of {commit} in {checkout} (load {load_before[0]:.1f}) ...", flush=True)
     start = time.monotonic()
-    done = subprocess.run([str(checkout / ".venv/bin/python"), "-m", "pytest", "-q", "-n", "4", "-p",
-                           "no:cacheprovider", f"--junitxml={report}"], cwd=checkout, capture_output=True, text=True)
+    command = ["python", "-m", "pytest", "-q"] + ([] if serial else ["-n", "4"])
+    done = subprocess.run([str(checkout / ".venv/bin/python"), *command[1:], "-p", "no:cacheprovider",
+                           f"--junitxml={report}"], cwd=checkout, capture_output=True, text=True)
+    if not report.exists():
+        said = f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        raise SystemExit(f"pytest wrote no report (exit {done.returncode}):\n{said}")
     wall = time.monotonic() - start
     summary = (done.stdout.strip().splitlines() or [""])[-1]
     files: dict[str, dict[str, float]] = defaultdict(lambda: {"tests": 0, "failed": 0, "skipped": 0, "seconds": 0.0})
@@ -53,7 +59,7 @@ def run(checkout: Path, out_dir: Path) -> Path:
         entry["skipped"] += int(case.find("skipped") is not None)
     result = {
         "commit": commit,
-        "command": "python -m pytest -q -n 4",
+        "command": " ".join(command),
         "summary": summary,
         "wall_s": round(wall, 1),
         "files": {k: {**v, "seconds": round(v["seconds"], 1)} for k, v in
@@ -90,12 +96,13 @@ def main() -> None:
     p_run = sub.add_parser("run")
     p_run.add_argument("checkout", type=Path)
     p_run.add_argument("--out-dir", type=Path, default=RESULTS)
+    p_run.add_argument("--serial", action="store_true", help="pytest -q, without xdist's -n 4")
     p_cmp = sub.add_parser("compare")
     p_cmp.add_argument("before", type=Path)
     p_cmp.add_argument("after", type=Path)
     args = parser.parse_args()
     if args.command == "run":
-        run(args.checkout.resolve(), args.out_dir)
+        run(args.checkout.resolve(), args.out_dir, args.serial)
     else:
         compare(args.before, args.after)
 
