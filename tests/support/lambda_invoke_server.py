@@ -267,13 +267,16 @@ class _Worker:
         self._reader.start()
 
     def _read_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        while True:
-            try:
-                msg = self.conn.recv()
-            except (EOFError, OSError):
-                break
-            loop.call_soon_threadsafe(self._on_message, msg)
-        loop.call_soon_threadsafe(self._on_exit)
+        try:
+            while True:
+                try:
+                    msg = self.conn.recv()
+                except (EOFError, OSError):
+                    break
+                loop.call_soon_threadsafe(self._on_message, msg)
+            loop.call_soon_threadsafe(self._on_exit)
+        except RuntimeError:  # the server's loop has closed (it stopped first): nobody is left to tell
+            pass
 
     def _on_message(self, msg: tuple) -> None:
         if msg[0] == "ready":
