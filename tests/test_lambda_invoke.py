@@ -256,8 +256,14 @@ def test_profile_actor_over_lambda_aliases(server, weights, redis_url):
     report = profile_actor(factory, [1024, 512], _event(redis_url, key, 500), repeats=2, warmup=1)
     assert [s.memory_mb for s in report.sizes] == [512, 1024]
     assert all(s.failures == 0 and s.median_ms >= 300 for s in report.sizes)
-    # The same simulated duration at both sizes: the smaller one is cheaper and not slower.
-    assert report.recommended_mb == 512, report.table()
+    # The same simulated duration at both sizes, measured on a shared host: the rule is checked against
+    # what was measured (the cheapest size within 10% of the fastest median), and where both sizes
+    # came out within 10% (on a quiet host, always), the smaller one is the cheaper.
+    fastest = min(s.median_ms for s in report.sizes)
+    not_slower = [s for s in report.sizes if s.median_ms <= 1.1 * fastest]
+    assert report.recommended_mb == min(not_slower, key=lambda s: s.cost_per_invocation_usd).memory_mb, report.table()
+    if len(not_slower) == 2:
+        assert report.recommended_mb == 512, report.table()
 
 
 def test_wrong_secret_is_refused_by_the_signature_check(server, weights, redis_url, invoker, monkeypatch):

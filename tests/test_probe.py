@@ -17,7 +17,16 @@ from mlflow.tracking import MlflowClient
 from nitro.actors.local import LocalActorPool
 from nitro.cache import TrajectoryCache, connect_redis
 from nitro.config import NitroConfig, ScalerConfig
-from nitro.experiments.probe import ProbeError, arm_config, fork, load_probe_spec, score_at, spearman_ci
+from nitro.experiments.probe import (
+    ProbeError,
+    arm_config,
+    fork,
+    load_probe_spec,
+    phi_at,
+    predicted_gain,
+    score_at,
+    spearman_ci,
+)
 from nitro.run.engine import TrainingRun
 from nitro.run.rundir import RunDir
 from tests.test_engine import drive
@@ -101,6 +110,27 @@ def test_score_at_is_the_nitro_scalers_score():
     assert score_at([(1, 1.0)], cfg, 1) is None  # one value: max == min, no score
 
 
+def _noise_row(k: int, frag: float, mean: float) -> dict[str, float]:
+    """A history row whose update measured 4 fragments of 100 samples (the learner's diagnostics
+    under its name, as the engine records them)."""
+    return {"round": float(k), "ppo/noise_fragments": 4.0, "ppo/noise_fragment_samples": 100.0,
+            "ppo/noise_policy_frag_sqnorm": frag, "ppo/noise_policy_mean_sqnorm": mean, "hessian_R": 1.0}
+
+
+def test_phi_at_smooths_the_rounds_up_to_k_as_the_goodput_scaler_does():
+    # round 1: |G|^2 = (4*2 - 5)/3 = 1, tr(Sigma) = (5 - 2)*4/3 = 4 per fragment = 400 per sample
+    # round 2: |G|^2 = (4*3 - 9)/3 = 1, tr(Sigma) = (9 - 3)*4/3 = 8 -> 800
+    # decay 0.5, bias-corrected: |G|^2 stays 1; tr(Sigma) = (0.25*400 + 0.5*800) / 0.75 = 666.67
+    rows = [_noise_row(1, 5, 2), _noise_row(2, 9, 3), _noise_row(3, 30, 1)]
+    assert phi_at(rows, 0.5, 1) == pytest.approx(400.0)
+    assert phi_at(rows, 0.5, 2) == pytest.approx(2000.0 / 3)  # round 3 comes after k: not read
+    assert phi_at([*rows[:1], {"round": 2.0, "hessian_R": 1.0}], 0.5, 2) is None  # round k measured nothing
+    # a round of 6400 samples against one of 800 at phi = 400: (400 + 800) / (400 + 6400) x 8 - 1
+    assert predicted_gain(400.0, 800, 6400) == pytest.approx(1200 / 6800 * 8 - 1)
+    assert predicted_gain(4000.0, 800, 6400) > predicted_gain(400.0, 800, 6400) > 0  # grows with phi
+    assert math.isnan(predicted_gain(None, 800, 6400))
+
+
 @pytest.mark.parametrize("change, needle", [
     ({"branch_rounds": [1, 4]}, "k >= 2"),
     ({"branch_rounds": []}, "branch_rounds"),
@@ -117,12 +147,15 @@ def test_bad_probe_spec_is_one_clear_line(change, needle):
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
-def test_example_probe_spec_is_valid():
-    spec = load_probe_spec(Path(__file__).resolve().parents[1] / "examples" / "probe_hopper.yaml")
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "examples")
+                                         .glob("probe_*.yaml")))
+def test_example_probe_specs_are_valid(name):
+    spec = load_probe_spec(Path(__file__).resolve().parents[1] / "examples" / name)
     boost = arm_config(spec, 0, spec.branch_rounds[0], "boost")
     plain = arm_config(spec, 0, spec.branch_rounds[0], "plain")
     assert boost.scaler.actors_at == {spec.branch_rounds[0]: 64} and plain.scaler.actors_at == {}
     assert boost.model_dump(exclude={"scaler"}) == plain.model_dump(exclude={"scaler"})
+    assert plain.scaler.measures_noise  # every probe reads phi_k beside R_k
 
 
 @pytest.mark.slow
@@ -148,6 +181,7 @@ def test_tiny_probe_through_the_flow(prefect_api, tmp_path, redis_url):
     for r in rows:
         assert (r["actors_plain"], r["actors_boost"]) == (2, 5)
         assert r["hessian_R"] == r["hessian_R_boost_arm"] and math.isfinite(r["hessian_R"])  # one update, forked
+        assert r["phi"] > 0 and r["predicted_gain"] > 0  # the trunk and arms measure the gradient noise
         assert math.isfinite(r["gain"]) and r["gain"] == r["eval_boost"] - r["eval_plain"]
         # the boost's extra invocations are billed (requests; the learner's wall time is too noisy to compare)
         boost = RunDir(tmp_path / "home", r["boost_run"]).load()[1]["history"]
@@ -170,7 +204,8 @@ def test_tiny_probe_through_the_flow(prefect_api, tmp_path, redis_url):
     assert sorted(r.data.tags["nitro.probe_role"] for r in children) == ["boost", "boost", "plain", "plain", "trunk"]
     assert all(r.info.status == "FINISHED" for r in runs)
     names = {p.name for p in out.iterdir()}
-    assert {"README.md", "branches.csv", "probe.json", "gain-vs-R.png", "gain-vs-score.png", "trunk-R.png"} <= names
+    assert {"README.md", "branches.csv", "probe.json", "gain-vs-R.png", "gain-vs-score.png", "gain-vs-phi.png",
+            "trunk-R.png"} <= names
     assert "Spearman" in (out / "README.md").read_text()
     # the per-branch rows are in branches.csv alone, and read back as the probe computed them
     assert "rows" not in json.loads((out / "probe.json").read_text())

@@ -12,7 +12,11 @@ same R_k), so their difference at round k + horizon is what the extra samples of
 The probe reports the rank correlation (Spearman) between R_k (and S_k, the score Nitro's scaler
 would give round k) and gain_k, with a 95% confidence interval, and plots both. A signal worth
 paying for correlates *negatively* with R (Nitro boosts where R is low) and
-positively with S_k.
+positively with S_k. Beside them, phi_k: the gradient noise scale the `goodput` scaler reads
+(``nitro/scaling/noise.py``), smoothed over the trunk's rounds and round k's update as the scaler
+smooths it, and the boost's predicted gain from it, r - 1 with r = B_b / B_p x (phi + B_p) / (phi + B_b)
+(``adascale_gain``: what one round of B_b samples is worth in rounds of B_p). r grows with phi, so
+it ranks the branches as phi does; a useful phi correlates positively with the gain.
 
 A fork copies the trunk's checkpoint of round k-1 and the cache entries it points at (the
 batches round k trains on, the snapshots of the episodes round k continues) under the arm's run
@@ -41,6 +45,7 @@ from nitro.config import ConfigError, NitroConfig, load_spec_model
 from nitro.experiments.report import json_safe
 from nitro.experiments.stats import finite
 from nitro.run.rundir import RunDir
+from nitro.scaling.noise import NoiseTracker, adascale_gain, measurement_from
 from nitro.scaling.scalers import NitroScaler, RoundSignal
 
 Arm = Literal["plain", "boost"]
@@ -127,11 +132,12 @@ def actor_counts(spec: ProbeSpec) -> tuple[int, int]:
 
 def _plain_run(spec: ProbeSpec, seed: int, extra: list[str]) -> NitroConfig:
     """The base config as a plain run of ``seed``: the fixed scaler at the plain actor count, no
-    budget, in the probe's MLflow experiment, R computed every round (the fixed scaler does not
-    read it, the probe does); then ``extra``. Trunk and arms differ only there."""
+    budget, in the probe's MLflow experiment, R and the gradient noise measured every round (the fixed
+    scaler reads neither, the probe does); then ``extra``. Trunk and arms differ only there."""
     plain, _ = actor_counts(spec)
     return _load(spec, [f"seed={seed}", "scaler.name=fixed", f"scaler.fixed_actors={plain}", "budget_usd=null",
-                        "detector.enabled=true", f"tracking.experiment={spec.name}", *extra])
+                        "detector.enabled=true", "scaler.measure_noise=true", f"tracking.experiment={spec.name}",
+                        *extra])
 
 
 def trunk_run_id(spec: ProbeSpec, seed: int) -> str:
@@ -206,6 +212,30 @@ def score_at(r_history: Sequence[tuple[int, float]], cfg, k: int) -> float | Non
     return scaler.last.get("score") if scaler.last.get("round") == k else None
 
 
+def phi_at(rows: Sequence[Mapping[str, float]], decay: float, k: int) -> float | None:
+    """phi_k in samples: the policy loss's noise scale smoothed over the measured rounds up to k
+    of ``rows`` (per-round histories; the learner's diagnostics under ``<learner>/noise_...``) as
+    the `goodput` scaler smooths it (``NoiseTracker``); None where round k measured nothing."""
+    tracker, measured_k = NoiseTracker(decay), False
+    for row in sorted(rows, key=lambda r: int(r["round"])):
+        if int(row["round"]) > k:
+            break
+        prefix = next((name[: -len("noise_fragments")] for name in row if name.endswith("/noise_fragments")), None)
+        m = measurement_from({name[len(prefix):]: v for name, v in row.items() if name.startswith(prefix)}) \
+            if prefix is not None else None
+        if m is not None:
+            tracker.update(m.policy)
+            measured_k = int(row["round"]) == k
+    estimate = tracker.estimate()
+    return estimate.phi if estimate is not None and measured_k else None
+
+
+def predicted_gain(phi: float | None, plain_samples: float, boost_samples: float) -> float:
+    """What a round of ``boost_samples`` is predicted to buy over one of ``plain_samples``, in
+    rounds of ``plain_samples``: r - 1 (module docstring); NaN without phi."""
+    return adascale_gain(boost_samples, plain_samples, phi) - 1.0 if phi is not None else math.nan
+
+
 def spearman_ci(x: Sequence[float], y: Sequence[float]) -> dict[str, float]:
     """Spearman's rank correlation with a 95% confidence interval from Fisher's z with the
     Bonett-Wright standard error sqrt((1 + rho^2 / 2) / (n - 3)), and the two-sided p-value of
@@ -262,8 +292,14 @@ def probe_rows(spec: ProbeSpec, trunks: Mapping[int, Sequence[Mapping[str, float
             r_hist = [(int(r["round"]), r["hessian_R"]) for r in trunk_history
                       if int(r["round"]) < k and finite(r.get("hessian_R"))]
             score = score_at(r_hist + ([(k, R)] if finite(R) else []), tcfg.scaler, k)
+            phi = phi_at([r for r in trunk_history if int(r["round"]) < k] + [at_k["plain"]],
+                         tcfg.scaler.noise_decay, k)
+            plain_n, boost_n = at_k["plain"].get("actors_launched"), at_k["boost"].get("actors_launched")
             row: dict[str, Any] = {
                 "seed": seed, "round": k, "hessian_R": R, "score": math.nan if score is None else score,
+                "phi": math.nan if phi is None else phi,
+                "predicted_gain": predicted_gain(phi, (plain_n or math.nan) * tcfg.steps_per_actor,
+                                                 (boost_n or math.nan) * tcfg.steps_per_actor),
                 "hessian_R_boost_arm": at_k["boost"].get("hessian_R", math.nan),  # the same update: equal to R
                 "actors_plain": at_k["plain"].get("actors_launched", math.nan),
                 "actors_boost": at_k["boost"].get("actors_launched", math.nan),
@@ -282,9 +318,9 @@ def probe_rows(spec: ProbeSpec, trunks: Mapping[int, Sequence[Mapping[str, float
 
 
 def correlations(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
-    """Spearman's rho with its 95% CI: R and S_k against the gain, both evaluation modes."""
+    """Spearman's rho with its 95% CI: R, S_k and phi_k against the gain, both evaluation modes."""
     out = {}
-    for signal in ("hessian_R", "score"):
+    for signal in ("hessian_R", "score", "phi"):
         for gain in ("gain", "gain_stochastic"):
             out[f"{signal}~{gain}"] = spearman_ci([r[signal] for r in rows], [r[gain] for r in rows])
     return out
@@ -292,7 +328,8 @@ def correlations(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float
 
 # -- the report -----------------------------------------------------------------------------------
 
-ROW_COLUMNS = ("seed", "round", "hessian_R", "score", "hessian_R_boost_arm", "actors_plain", "actors_boost",
+ROW_COLUMNS = ("seed", "round", "hessian_R", "score", "phi", "predicted_gain", "hessian_R_boost_arm", "actors_plain",
+               "actors_boost",
                "eval_plain", "eval_boost", "gain", "eval_stochastic_plain", "eval_stochastic_boost", "gain_stochastic",
                "extra_spend_usd", "plain_run", "boost_run")
 RUN_NAME_COLUMNS = ("plain_run", "boost_run")
@@ -331,7 +368,9 @@ def build_probe_report(spec: ProbeSpec, out_dir: str | os.PathLike, *,
     files = [plots.plot_probe(rows, out / "gain-vs-R.png", "hessian_R",
                               "R_k = |lambda_min / lambda_max| at round k", "R_k"),
              plots.plot_probe(rows, out / "gain-vs-score.png", "score",
-                              "S_k, the score Nitro's scaler gives round k", "S_k")]
+                              "S_k, the score Nitro's scaler gives round k", "S_k"),
+             plots.plot_probe(rows, out / "gain-vs-phi.png", "phi",
+                              "phi_k, the gradient noise scale at round k (samples)", "phi_k")]
     if trunks:
         files.append(plots.plot_probe_trunk(trunks, spec.branch_rounds, out / "trunk-R.png"))
     with (out / "branches.csv").open("w", newline="") as fh:
@@ -352,13 +391,15 @@ def build_probe_report(spec: ProbeSpec, out_dir: str | os.PathLike, *,
         f"the `plain` arm keeps {plain_n} actors and the `boost` arm gets {boost_n}; then both run {spec.horizon} more "
         f"rounds with {plain_n}. The gain is the difference of their evaluation returns at round k + {spec.horizon} "
         f"(whole episodes, {spec.eval_episodes} per mode, the same start states in both arms).", "",
-        "## Does R (or S_k) rank the rounds where boosting pays?", "",
+        "## Does R (or S_k, or phi_k) rank the rounds where boosting pays?", "",
         "Spearman rank correlation, 95% CI from Fisher's z (Bonett-Wright standard error). Nitro boosts where R is "
-        "low, so a useful signal has rho < 0 against R and rho > 0 against S_k.", "",
+        "low, so a useful signal has rho < 0 against R and rho > 0 against S_k. The `goodput` scaler boosts where "
+        "the noise scale phi_k is high (its predicted gain grows with phi), so a useful phi_k has rho > 0.", "",
         "| signal | gain, mean action | gain, sampled actions |", "|---|---|---|",
         f"| R_k | {correlation_line(corr['hessian_R~gain'])} | {correlation_line(corr['hessian_R~gain_stochastic'])} |",
-        f"| S_k | {correlation_line(corr['score~gain'])} | {correlation_line(corr['score~gain_stochastic'])} |", "",
-        "![gain vs R](gain-vs-R.png) ![gain vs S_k](gain-vs-score.png)", "",
+        f"| S_k | {correlation_line(corr['score~gain'])} | {correlation_line(corr['score~gain_stochastic'])} |",
+        f"| phi_k | {correlation_line(corr['phi~gain'])} | {correlation_line(corr['phi~gain_stochastic'])} |", "",
+        "![gain vs R](gain-vs-R.png) ![gain vs S_k](gain-vs-score.png) ![gain vs phi_k](gain-vs-phi.png)", "",
     ]
     if trunks:
         lines += ["![R over the trunk's rounds](trunk-R.png)", ""]
@@ -369,9 +410,11 @@ def build_probe_report(spec: ProbeSpec, out_dir: str | os.PathLike, *,
                   f"(95% CI, n = {len(gains)}); it cost ${np.nanmean([r['extra_spend_usd'] for r in rows]):.4f} more "
                   "on average.", ""]
     lines += ["## Branches", "",
-              "| seed | k | R_k | S_k | eval plain | eval boost | gain | gain (sampled) | extra $ |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| seed | k | R_k | S_k | phi_k | predicted gain | eval plain | eval boost | gain | gain (sampled) "
+              "| extra $ |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['seed']} | {r['round']} | {_fmt(r['hessian_R'])} | {_fmt(r['score'])} "
+              f"| {_fmt(r['phi'])} | {_fmt(r['predicted_gain'], '+.2f')} "
               f"| {_fmt(r['eval_plain'], '.1f')} | {_fmt(r['eval_boost'], '.1f')} | {_fmt(r['gain'], '+.1f')} "
               f"| {_fmt(r['gain_stochastic'], '+.1f')} | {_fmt(r['extra_spend_usd'], '.4f')} |" for r in rows]
     lines += ["", f"Raw numbers: `branches.csv`, `probe.json`. MLflow: the probe's parent run `{parent_run_id}`, "
