@@ -34,10 +34,11 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import gymnasium as gym
 import numpy as np
+from pydantic import AfterValidator
 
 os.environ.setdefault("MUJOCO_GL", "disable")  # nothing renders; avoids probing for GL
 
@@ -305,3 +306,8 @@ def check_env_id(env_id: str) -> str:
     """``env_id`` if Nitro can train on it, else UnknownEnvError (for validators)."""
     env_spec(env_id)
     return env_id
+
+
+# An env id field of a pydantic model (the run's config, an actor's event): UnknownEnvError is a
+# ValueError, so pydantic reports its one line as the field's error.
+EnvId = Annotated[str, AfterValidator(check_env_id)]

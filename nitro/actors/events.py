@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from nitro.envs import UnknownEnvError, check_env_id
+from nitro.envs import EnvId
 
 _MODE_TAGS = {"train": "", "eval_deterministic": "-evd", "eval_stochastic": "-evs"}
 
@@ -44,7 +44,7 @@ class ActorEvent(BaseModel):
     round: int = Field(ge=0)
     invocation_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")
     weights_key: str = Field(min_length=1)
-    env_id: str
+    env_id: EnvId
     seed: int = Field(ge=0, lt=2**63)
     n_steps: int = Field(ge=1, le=1_000_000)
     cache_url: str = Field(min_length=1, description="redis:// or rediss:// URL without a password")
@@ -58,14 +58,6 @@ class ActorEvent(BaseModel):
     n_envs: int = Field(1, ge=1, le=256, description="train on Atari: games stepped side by side, n_steps split "
                         "among them (nitro/actors/rollout.py); other envs step one")
     n_episodes: int = Field(1, ge=1, le=1000, description="eval: whole episodes to play")
-
-    @field_validator("env_id")
-    @classmethod
-    def _known_env(cls, v: str) -> str:
-        try:
-            return check_env_id(v)
-        except UnknownEnvError as exc:
-            raise ValueError(str(exc)) from None
 
     @field_validator("cache_url")
     @classmethod

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from nitro.config.algorithms import ImpactConfig, ModelConfig, PPOConfig
 from nitro.config.backend import BackendConfig, LambdaConfig, RayConfig, Section as _Section
 from nitro.config.learner import LearnerConfig
 from nitro.config.minionsrl import MinionsRLConfig
-from nitro.envs import UnknownEnvError, check_env_id
+from nitro.envs import EnvId
 
 # sections whose home is another module of the package, imported from here like the rest
 __all__ = ["BackendConfig", "ImpactConfig", "LambdaConfig", "ModelConfig", "PPOConfig", "RayConfig"]
@@ -250,7 +250,7 @@ class NitroConfig(_Section):
     """Everything a run needs: the preset's values for the env's family, under what the user set."""
 
     preset: Preset = Field("nitro", description="defaults: 'nitro' (tuned here) or 'paper' (the paper's Table 1)")
-    env_id: str = "Hopper-v5"
+    env_id: EnvId = "Hopper-v5"
     algo: Literal["ppo", "impact"] = "ppo"
     seed: int = Field(0, ge=0)
     rounds: int = Field(50, ge=1)
@@ -296,14 +296,6 @@ class NitroConfig(_Section):
         if self.scaler.name in BOOSTS_ON_VMS and self.backend.pricing != "vm":
             raise ValueError(f"backend.pricing: scaler {self.scaler.name} boosts on VMs; set backend.pricing=vm")
         return self
-
-    @field_validator("env_id")
-    @classmethod
-    def _known_env(cls, v: str) -> str:
-        try:
-            return check_env_id(v)
-        except UnknownEnvError as exc:
-            raise ValueError(str(exc)) from None
 
     @model_validator(mode="after")
     def _cluster_reaches_redis(self) -> NitroConfig:
