@@ -92,6 +92,13 @@ def _save(fig, path: str | Path) -> Path:
     return path
 
 
+def _save_with_legend(fig, ax, path: str | Path) -> Path:
+    """``_save``, with ``ax``'s legend where it has labelled series (a plot with no data has none)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    return _save(fig, path)
+
+
 def plot_return(rows: Rows, path: str | Path, title: str = "Episodic return per round") -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, label, style in (("eval_return_mean", "evaluation, mean action", "-"),
@@ -102,9 +109,7 @@ def plot_return(rows: Rows, path: str | Path, title: str = "Episodic return per 
             ax.plot(x, y, style, marker="o", markersize=3, label=label)
     ax.set(xlabel="round", ylabel="episodic return", title=title)
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    return _save(fig, path)
+    return _save_with_legend(fig, ax, path)
 
 
 def plot_actors(rows: Rows, path: str | Path, title: str = "Actors per round") -> Path:
@@ -117,9 +122,7 @@ def plot_actors(rows: Rows, path: str | Path, title: str = "Actors per round") -
         ax.bar(xf, failed, width=0.8, label="failed", color="tab:red")
     ax.set(xlabel="round", ylabel="actors", title=title)
     ax.grid(alpha=0.3, axis="y")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    return _save(fig, path)
+    return _save_with_legend(fig, ax, path)
 
 
 def plot_spend(rows: Rows, path: str | Path, title: str = "Spend per round (USD)") -> Path:
@@ -219,9 +222,7 @@ def plot_group_curves(
         title=title or f"{y_key} vs {x_key} (mean ± 95% CI over seeds)",
     )
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    return _save(fig, path)
+    return _save_with_legend(fig, ax, path)
 
 
 def plot_group_bars(
@@ -255,9 +256,7 @@ def plot_probe(rows: Rows, path: str | Path, x_key: str, x_label: str, name: str
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set(xlabel=x_label, ylabel="evaluation return, boost - plain", title=f"Gain of boosting vs {name}")
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    return _save(fig, path)
+    return _save_with_legend(fig, ax, path)
 
 
 def plot_probe_trunk(histories: Mapping[int, Rows], branch_rounds: Sequence[int], path: str | Path) -> Path:
@@ -271,6 +270,4 @@ def plot_probe_trunk(histories: Mapping[int, Rows], branch_rounds: Sequence[int]
         ax.axvline(k, color="grey", lw=0.6, ls=":")
     ax.set(xlabel="round", ylabel="R = |lambda_min / lambda_max|", title="R over the trunk (dotted: branch rounds)")
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    return _save(fig, path)
+    return _save_with_legend(fig, ax, path)
