@@ -37,6 +37,8 @@ from nitro.scaling.noise import (
     adascale_gain,
     efficiency,
     measurement_from,
+    pool_measurements,
+    pooled,
 )
 from nitro.scaling.prices import (
     ADAM_STEP_S,
@@ -108,6 +110,46 @@ def test_the_smoothed_phi_converges_to_the_closed_form():
     tol = 4 * math.sqrt((rel ** 2).sum() / ((1 + decay) / (1 - decay)))
     assert est.phi == pytest.approx(PHI, rel=tol), (est.phi, PHI, tol)
     assert tol < 0.2  # the tolerance says something
+
+
+def norms_of(fragments: int, samples: float, grad: float, trace: float) -> FragmentNorms:
+    """The norms ``fragments`` fragments at one point show for |G|^2 ``grad`` and S ``trace``."""
+    return FragmentNorms(fragments, samples, grad + trace, grad + trace / fragments)
+
+
+def test_groups_pool_by_their_degrees_of_freedom_by_hand():
+    a, b = norms_of(3, 10.0, grad=2.0, trace=6.0), norms_of(5, 10.0, grad=4.0, trace=10.0)
+    assert (a.grad_sqnorm(), a.trace_sigma()) == pytest.approx((2.0, 6.0))  # the helper says what it means
+    lone = FragmentNorms(1, 10.0, 99.0, 99.0)  # one fragment says nothing about the noise: left out
+    got = pooled([a, lone, b])
+    assert got is not None and got.fragments == 8 and got.fragment_samples == 10.0
+    assert got.grad_sqnorm() == pytest.approx((2 * 2.0 + 4 * 4.0) / 6)  # weights n - 1: 2 and 4
+    assert got.trace_sigma() == pytest.approx((2 * 6.0 + 4 * 10.0) / 6)
+    # fragments of other sizes pool their noise per sample: S = 6 at 10 samples is 60 per sample,
+    # S = 10 at 30 samples is 300; weights 2 and 4 give 220 per sample at 70/3 samples a fragment
+    c = norms_of(5, 30.0, grad=4.0, trace=10.0)
+    got = pooled([a, c])
+    assert got is not None and got.fragment_samples == pytest.approx(70 / 3)
+    assert got.trace_sigma() * got.fragment_samples == pytest.approx(220.0)
+    assert pooled([lone]) is None and pooled([]) is None
+    one = pooled([a])  # one group comes back as it was
+    assert one is not None and (one.fragments, one.frag_sqnorm, one.mean_sqnorm) == pytest.approx((3, 8.0, 4.0))
+    value = pool_measurements([NoiseMeasurement(a, b), NoiseMeasurement(b, None)])
+    assert value is not None and value.value is None  # the value loss only where every group has it
+
+
+def test_pooled_groups_are_unbiased_within_their_clt_interval():
+    """A round's eight fragments measured in groups of 4, 2, 1 and 1 (as Stellaris's versions split
+    them): the pooled |G|^2 and S are still the closed form's."""
+    rng = np.random.default_rng(5)
+    rounds, samples = 3000, 16
+    draws = [pooled([fragment_norms(rng, n, samples) for n in (4, 2, 1, 1)]) for _ in range(rounds)]
+    grad = np.array([m.grad_sqnorm() for m in draws if m is not None])
+    trace = np.array([m.trace_sigma() * samples for m in draws if m is not None])
+    assert len(grad) == rounds
+    for values, truth in ((grad, 1.0), (trace, TRACE)):
+        se = values.std(ddof=1) / math.sqrt(rounds)
+        assert abs(values.mean() - truth) < 4 * se, (values.mean(), truth, se)
 
 
 def test_phi_from_expected_norms_is_exact_and_in_samples():
@@ -347,6 +389,33 @@ def test_step_gain_offered_only_when_asked():
     assert goodput(scale_step=True).step_gain(8) == 1.0  # no measurement yet
 
 
+def test_step_gain_is_the_minibatchs_gain_hand_worked():
+    """AdaScale's gain is per step, so per minibatch: at phi = 1000 samples, 256 steps an actor and
+    I_min = 8, the constant-steps learner (32 minibatches) steps on 64 samples at 8 actors and on
+    512 at 64, r = (1000 + 64) / (1000 + 512) x 8 = 5.63; 64-sample minibatches never grow, r = 1."""
+    cfg = ScalerConfig(name="goodput", i_min=8, i_max=64, scale_step=True)
+    prior = PricePrior(Line(4.0, 1.0), Line(10.0, 0.0))
+    constant = GoodputScaler(cfg, 0, steps_per_actor=256, prior=prior, minibatches=lambda n: 32)
+    sized = GoodputScaler(cfg, 0, steps_per_actor=256, prior=prior, minibatches=lambda n: max(1, round(n / 64)))
+    for s in (constant, sized):
+        for k in range(MIN_MEASUREMENTS):
+            s.decide(k, signal(1000.0))
+    assert constant.step_gain(64) == pytest.approx(1064 / 1512 * 8) and constant.step_gain(8) == pytest.approx(1.0)
+    assert sized.step_gain(64) == pytest.approx(1.0)
+    # the run's config says which learner it is
+    run = NitroConfig.load(overrides=["scaler.name=goodput", "scaler.scale_step=true", "ppo.minibatches=32"])
+    made = make_scaler(run.scaler, 0, steps_per_actor=run.steps_per_actor, run=run)
+    assert isinstance(made, GoodputScaler) and made.minibatches(16384) == 32 and made.minibatches(2048) == 32
+
+
+def test_scale_step_is_refused_where_nothing_would_scale():
+    with pytest.raises(ValueError, match="scale_step: AdaScale's gain comes from goodput's noise estimate; "
+                                         "scaler 'nitro' has none"):
+        NitroConfig.load(overrides=["scaler.scale_step=true"])
+    with pytest.raises(ValueError, match=r"scaler\.scale_step scales the sync learner's minibatch steps"):
+        NitroConfig.load(overrides=["scaler.name=goodput", "scaler.scale_step=true", "learner.mode=stellaris"])
+
+
 def test_the_engines_budget_cap_binds_what_goodput_wants():
     """The scaler asks; the engine's cap (nitro.scaling.budget.cap_by_budget) decides what the
     budget pays for, as for every scaler: here 8 wanted, 5 affordable."""
@@ -434,6 +503,38 @@ def test_a_tiny_run_follows_the_noise_the_learner_reports(redis_url, pool, tmp_p
     )
     assert list(reports[k].tags) == [f"goodput.switch.round-{k:05d}"] and reports[k + 1].tags == {}
     assert reports[1].metrics["ppo/noise_fragments"] == 2.0  # the learner's diagnostics are logged as ever
+
+
+def test_a_scaled_step_reaches_the_update_after_a_boost(redis_url, pool, tmp_path, monkeypatch):
+    """With ``scale_step`` and the constant-steps learner, the update after goodput's switch trains
+    the new count's batches at the learning rate times AdaScale's gain of its minibatches; every
+    update before it at the gain of I_min's, 1."""
+    from nitro.cache import TrajectoryCache, connect_redis
+    from nitro.run.engine import TrainingRun
+
+    cfg = NitroConfig.load({"steps_per_actor": 64, "rounds": 5, "home": str(tmp_path), "eval": {"every_rounds": 0},
+                            "ppo": {"minibatches": 4},
+                            "scaler": {"name": "goodput", "i_min": 2, "i_max": 6, "scale_step": True}})
+    cache = TrajectoryCache(connect_redis(redis_url), "goodput-scaled", ttl_s=600)
+    training = TrainingRun(cfg, "goodput-scaled", cache, redis_url)
+    update = training.learner.update
+
+    def measured(*args, **kwargs):
+        result = update(*args, **kwargs)
+        return dataclasses.replace(result, diagnostics={**result.diagnostics,
+                                                        **expected_norms(10.0, fragments=2, samples=64.0)})
+
+    monkeypatch.setattr(training.learner, "update", measured)
+    reports = drive(training, pool, 5)
+    k = MIN_MEASUREMENTS
+    actors = [int(r.metrics["actors_launched"]) for r in reports]
+    n = actors[k]
+    assert actors[:k] == [2] * k and n > 2  # the switch
+    gains = [r.metrics["ppo/lr_gain"] for r in reports[1:]]
+    # phi = 640 samples; minibatches of 2 x 64 / 4 = 32 samples at I_min, n x 16 at n actors
+    assert gains == pytest.approx([1.0] * k + [(640 + 32) / (640 + n * 16) * n / 2])
+    assert gains[-1] > 1.5
+    assert [r.metrics["ppo/lr"] for r in reports[1:]] == pytest.approx([3e-4 * g for g in gains])
 
 
 @pytest.mark.slow

@@ -273,3 +273,44 @@ def test_two_attempts_at_a_round_share_no_snapshot_or_gradient_key(redis_client,
     assert all("dead0a" in k for k in keys(dead)) and all("live1b" in k for k in keys(resumed))
     for plan in (dead, resumed):  # each attempt published its own first version
         assert redis_client.exists(plan.jobs[0].snapshot_key)
+
+
+def test_the_noise_groups_take_one_first_pass_gradient_per_batch_and_version():
+    """The round's noise from the functions' gradients by hand: version 0 has actors a and b (a's
+    second slice and every second-pass gradient are no new fragment), version 1 one fragment only,
+    which says nothing; the result is what the sync learner reports for those two fragments."""
+    from nitro.learners.fragments import (
+        FRAGMENT_SAMPLES,
+        FRAGMENTS,
+        POLICY_FRAG_SQNORM,
+        POLICY_MEAN_SQNORM,
+        SECONDS,
+        VALUE_FRAG_SQNORM,
+        VALUE_MEAN_SQNORM,
+    )
+    from nitro.stellaris.jobs import GradientJob
+    from nitro.stellaris.round import NoiseGroups
+    from nitro.stellaris.wire import Gradient
+
+    def landed(job: int, actor: str, version: int, epoch: int, policy: list[float], critic: float):
+        j = GradientJob(run_id="r", round=1, invocation_id=f"g{job}", job=job, env_id="Hopper-v5",
+                        snapshot_key="s", snapshot_version=version, behaviour_key="b", actor_id=actor, batch_key="x",
+                        seed=0, epoch=epoch, slice=0, slice_samples=32, cache_url="redis://localhost")
+        g = Gradient(f"g{job}", version, {"policy.w": torch.tensor(policy), "critic.v": torch.tensor([critic])},
+                     {"samples": 32.0, "loss": 0.1})
+        return j, g
+
+    noise = NoiseGroups()
+    for args in ((0, "a", 0, 0, [1.0, 2.0], 2.0), (1, "a", 0, 0, [50.0, 50.0], 50.0),  # a's second slice
+                 (2, "b", 0, 0, [3.0, 0.0], 0.0), (3, "c", 1, 0, [7.0, 7.0], 7.0),  # v1: one fragment
+                 (4, "c", 0, 1, [9.0, 9.0], 9.0)):  # second pass
+        noise.add(*landed(*args))
+    out = noise.diagnostics()
+    assert out.pop(SECONDS) >= 0
+    # policy: |g_a|^2 = 5, |g_b|^2 = 9 -> 7; mean (2, 1) -> 5. critic: 4, 0 -> 2; mean 1 -> 1
+    assert out == pytest.approx({FRAGMENTS: 2.0, FRAGMENT_SAMPLES: 32.0, POLICY_FRAG_SQNORM: 7.0,
+                                 POLICY_MEAN_SQNORM: 5.0, VALUE_FRAG_SQNORM: 2.0, VALUE_MEAN_SQNORM: 1.0})
+    lonely = NoiseGroups()
+    lonely.add(*landed(0, "a", 0, 0, [1.0, 2.0], 2.0))
+    lonely.add(*landed(1, "b", 1, 0, [3.0, 0.0], 0.0))
+    assert lonely.diagnostics() == {}  # no version saw two batches: no measurement

@@ -166,3 +166,23 @@ def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_ap
     assert any("dropped at the door" in v and "non-finite" in v for v in reasons.values()), reasons
     assert any("not in the cache within 3 s" in v for v in reasons.values()), reasons
     assert all("\n" not in v for v in reasons.values())
+
+
+def test_goodput_reads_the_noise_stellaris_functions_measure(prefect_api, redis_url, tmp_path):
+    """`scaler.name=goodput` under Stellaris: each round's first-pass gradients measure the noise
+    (``ppo/noise_*``), and the next round's decision reads it (round 0's decision has none)."""
+    run_id = "stellaris-goodput"
+    result, _, history = _train(tmp_path, run_id, redis_url, "scaler.name=goodput", "scaler.i_min=4",
+                                "scaler.i_max=6", "learner.slice_samples=64", rounds=3)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow-{run_id}.db")
+
+    def metric(name: str) -> dict[int, float]:
+        return {m.step: m.value for m in client.get_metric_history(result.mlflow_run_id, name)}
+
+    fragments, measured = metric("ppo/noise_fragments"), metric("goodput/measured")
+    assert fragments and all(2 <= n <= 6 for n in fragments.values())  # one per batch, at most the actors
+    assert all(metric("ppo/noise_policy_frag_sqnorm")[k] > 0 for k in fragments)
+    assert measured[0] == 0.0  # nothing measured before the first round's update
+    assert [measured[k + 1] for k in sorted(fragments) if k + 1 in measured] == [1.0] * len(
+        [k for k in fragments if k + 1 in measured])  # a round's measurement reaches the next decision
+    assert all(4 <= n <= 6 for n in history["actors_launched"])

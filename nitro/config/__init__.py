@@ -78,8 +78,8 @@ class ScalerConfig(_Section):
                                "the current one above this share (AdaptDL switches batch size above 5%)")
     noise_decay: float = Field(0.9, gt=0, lt=1, description="`goodput`: per-round decay of the bias-corrected "
                                "moving averages of |G|^2 and tr(Sigma), each smoothed before their ratio")
-    scale_step: bool = Field(False, description="`goodput`: offer the learner AdaScale's gain r for the round's "
-                             "batch against I_min's (GoodputScaler.step_gain); 1 when off")
+    scale_step: bool = Field(False, description="`goodput`: the sync learner's learning rate times AdaScale's gain r "
+                             "of its minibatches against an I_min round's (GoodputScaler.step_gain); 1 when off")
     measure_noise: bool | None = Field(
         None, description="the learner measures its gradients across the round's actor fragments (the gradient noise "
         "scale, nitro/scaling/noise.py); default (null): when the scaler reads it (goodput); true: logged anyway")
@@ -103,6 +103,9 @@ class ScalerConfig(_Section):
             raise ValueError(f"replay_actors wants counts >= 1, got {self.replay_actors}")
         if self.name == "minionsrl" and not self.minionsrl.path:
             raise ValueError("minionsrl.path: scaler minionsrl needs a scheduler file (nitro minionsrl pretrain)")
+        if self.scale_step and self.name != "goodput":
+            raise ValueError(f"scale_step: AdaScale's gain comes from goodput's noise estimate; scaler {self.name!r} "
+                             "has none")
         return self
 
 
@@ -318,11 +321,15 @@ class NitroConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _noise_from_the_sync_ppo_learner(self) -> NitroConfig:
-        # The fragments' gradients come from PPOLearner.update (nitro/learners/fragments.py).
-        if self.scaler.measures_noise and (self.algo != "ppo" or self.learner.mode != "sync"):
-            raise ValueError(f"scaler: {self.scaler.name!r} reads the gradient noise the sync PPO learner measures; "
-                             f"algo={self.algo} with learner.mode={self.learner.mode} does not measure it")
+    def _noise_from_the_ppo_learner(self) -> NitroConfig:
+        # The fragments' gradients come from PPOLearner.update (nitro/learners/fragments.py) or, under
+        # Stellaris, from the learner functions' gradients (nitro/stellaris/round.py).
+        if self.scaler.measures_noise and self.algo != "ppo":
+            raise ValueError(f"scaler: {self.scaler.name!r} reads the gradient noise PPO's learner measures; "
+                             f"algo={self.algo} does not measure it")
+        if self.scaler.scale_step and self.learner.mode != "sync":
+            raise ValueError("scaler.scale_step scales the sync learner's minibatch steps; learner.mode=stellaris "
+                             "steps on groups of slices")
         return self
 
     @property

@@ -31,6 +31,9 @@ class Progress:
 
     round: int
     rounds: int
+    # The factor on the round's learning rate: AdaScale's gain for this update's minibatches (the
+    # goodput scaler's ``scale_step``, ``GoodputScaler.step_gain``); 1 for every other run.
+    lr_gain: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -52,6 +52,40 @@ def fragment_rows(lengths: Sequence[int], cap: int = ROWS_PER_FRAGMENT,
     return rows
 
 
+class FragmentSums:
+    """Running sums over fragments' gradients, per part of the network: the sum of |g_i|^2 and, per
+    parameter, the sum of g_i (float64), so that no fragment's gradient is kept."""
+
+    def __init__(self) -> None:
+        self.fragments = 0
+        self.samples = 0.0
+        self.frag_sq = dict.fromkeys(PARTS, 0.0)
+        self.sums: dict[str, torch.Tensor] = {}
+
+    def add(self, tensors: Mapping[str, torch.Tensor], samples: float) -> None:
+        """One fragment's gradient by parameter name (``policy.*``, ``critic.*``) and its samples."""
+        for name, t in tensors.items():
+            t64 = t.detach().double()
+            self.frag_sq[name.split(".", 1)[0]] += float((t64 ** 2).sum())
+            self.sums[name] = self.sums[name] + t64 if name in self.sums else t64.clone()
+        self.fragments += 1
+        self.samples += samples
+
+    def norms(self) -> dict[str, float]:
+        """The noise diagnostics of the fragments added (no ``SECONDS``); empty with fewer than two."""
+        n = self.fragments
+        if n < 2:
+            return {}
+        mean_sq = dict.fromkeys(PARTS, 0.0)
+        for name, total in self.sums.items():
+            mean_sq[name.split(".", 1)[0]] += float(((total / n) ** 2).sum())
+        out = {FRAGMENTS: float(n), FRAGMENT_SAMPLES: self.samples / n}
+        for part, (frag_key, mean_key) in PARTS.items():
+            out[frag_key] = self.frag_sq[part] / n
+            out[mean_key] = mean_sq[part]
+        return out
+
+
 def fragment_norms(compute: Callable[[torch.Tensor], Gradients], rows: Sequence[torch.Tensor]) -> dict[str, float]:
     """The noise diagnostics of the fragments ``rows`` (``compute``: the learner's gradients on
     some rows) and the seconds they took; empty with fewer than two fragments or a loss that is
@@ -59,23 +93,10 @@ def fragment_norms(compute: Callable[[torch.Tensor], Gradients], rows: Sequence[
     if len(rows) < 2:
         return {}
     started = time.perf_counter()
-    frag_sq = dict.fromkeys(PARTS, 0.0)
-    sums: dict[str, torch.Tensor] = {}
+    sums = FragmentSums()
     for idx in rows:
         g = compute(idx)
         if not g.finite:
             return {}
-        for name, t in g.tensors.items():
-            t64 = t.detach().double()
-            frag_sq[name.split(".", 1)[0]] += float((t64 ** 2).sum())
-            sums[name] = sums[name] + t64 if name in sums else t64.clone()
-    n = len(rows)
-    mean_sq = dict.fromkeys(PARTS, 0.0)
-    for name, total in sums.items():
-        mean_sq[name.split(".", 1)[0]] += float(((total / n) ** 2).sum())
-    out = {FRAGMENTS: float(n), FRAGMENT_SAMPLES: sum(len(r) for r in rows) / n}
-    for part, (frag_key, mean_key) in PARTS.items():
-        out[frag_key] = frag_sq[part] / n
-        out[mean_key] = mean_sq[part]
-    out[SECONDS] = time.perf_counter() - started
-    return out
+        sums.add(g.tensors, len(idx))
+    return sums.norms() | {SECONDS: time.perf_counter() - started}

@@ -228,9 +228,11 @@ class PPOLearner(ActorCriticLearner[PPOBatch]):
         return {"clip": self.cfg.clip, "kl_coef": self.kl_coef, "entropy_coef": self.cfg.entropy_coef}
 
     def schedule(self, progress: Progress | None) -> None:
-        """The round's learning rate (``sgd.annealed_lr``), when annealed and ``progress`` says which round it is."""
-        if progress is not None and self.cfg.anneal_lr:
-            self.set_learning_rate(annealed_lr(self.cfg.lr, progress.round, progress.rounds))
+        """The round's learning rate when ``progress`` says which round it is: ``cfg.lr``, annealed
+        (``sgd.annealed_lr``) when ``cfg.anneal_lr``, times the round's ``lr_gain``."""
+        if progress is not None:
+            lr = annealed_lr(self.cfg.lr, progress.round, progress.rounds) if self.cfg.anneal_lr else self.cfg.lr
+            self.set_learning_rate(lr * progress.lr_gain)
 
     def compute_gradients(self, data: PPOBatch, rows: torch.Tensor) -> Gradients:
         """``ppo_gradients`` on ``rows`` of ``data`` at this learner's networks and coefficients."""

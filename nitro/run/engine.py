@@ -22,7 +22,7 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import torch
@@ -42,6 +42,7 @@ from nitro.run.stopping import stop_reason
 from nitro.run.updates import UpdateDeadline, UpdateReport, make_update_mode
 from nitro.scaling.budget import DEADLINE_SHARE, LearnerBound, cap_by_budget, final_eval_reserve
 from nitro.scaling.detector import Detection, detect_on_batch
+from nitro.scaling.noise import measurement_from
 from nitro.scaling.scalers import make_scaler, round_signal
 from nitro.serialization import dumps_tensors, loads_tensors
 from nitro.tracking.metrics import EVAL_MODES, round_metrics, timed_round
@@ -101,10 +102,11 @@ class TrainingRun:
         # reserved for it restarts the deadline on resume.
         self.deadline = UpdateDeadline()
         self.reserved_next_s: float | None = None
-        self.mode = make_update_mode(config, self.learner, cache, self.run_dir, self.behaviour, self.bounds,
-                                     self.deadline, actor_cache_url, self.actor_credentials)
         self.scaler = make_scaler(config.scaler, seed=config.seed, steps_per_actor=config.steps_per_actor,
                                   run=config)
+        self.mode = make_update_mode(config, self.learner, cache, self.run_dir, self.behaviour, self.bounds,
+                                     self.deadline, actor_cache_url, self.actor_credentials,
+                                     lr_gain=self.scaler.step_gain)
         self.ledger = ledger_from_config(config)
         self.next_round = 0
         self.env_steps_total = 0
@@ -152,6 +154,9 @@ class TrainingRun:
         signal = round_signal(detection.R if detection is not None else None, update.diagnostics,
                               update.grad_noise_scale, update.seconds, self.history, self.ledger.spent_usd,
                               float(remaining) if remaining is not None else None)
+        if self.mode.overlaps_actors and not update.samples:
+            # The update runs beside the actors: the last round's measured the noise this decision reads.
+            signal = replace(signal, noise=measurement_from(self.last_diagnostics()))
         wanted = int(self.scaler.decide(k, signal))  # always asked: a scaler with a window keeps it
         reason: str = self.config.scaler.name
         if k in self.config.scaler.actors_at:
@@ -183,6 +188,13 @@ class TrainingRun:
             started_vms = self.ledger.vm.scale(k, n, n + evals, time.perf_counter() - started).started
         return Decision(n_actors=n, wanted=wanted, reason=reason, score=self.scaler.last.get("score"),
                         final_evaluation=final_evaluation, instances_started=started_vms)
+
+    def last_diagnostics(self) -> dict[str, float]:
+        """The learner's diagnostics of the last round ended, by name (the history keeps them as
+        ``<learner>/<name>``, ``nitro.tracking.metrics``)."""
+        prefix = f"{self.learner.name}/"
+        last = self.history[-1] if self.history else {}
+        return {name[len(prefix):]: v for name, v in last.items() if name.startswith(prefix)}
 
     # -- the actors ----------------------------------------------------------------------
 

@@ -14,10 +14,11 @@ the next sync update consumes, Stellaris's parameter server.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -123,14 +124,19 @@ class LearnerUpdates:
     functions_per_actor = 0
 
     def __init__(self, config: NitroConfig, learner: Learner, cache: TrajectoryCache, door: Door,
-                 deadline: UpdateDeadline):
+                 deadline: UpdateDeadline, lr_gain: Callable[[int], float] = lambda n_batches: 1.0):
         self.config, self.learner, self.cache, self.door, self.deadline = config, learner, cache, door, deadline
+        self.lr_gain = lr_gain  # the factor on an update's learning rate, by its batches (Scaler.step_gain)
         self.pending: list[str] = []
         self.failed_updates = 0
 
     def train(self, k: int, batches: list[dict]) -> UpdateResult:
-        """One learner update under the budget's deadline."""
-        result = self.learner.update(batches, progress=Progress(k, self.config.rounds), deadline=self.deadline.at)
+        """One learner update under the budget's deadline, at the learning rate's gain for its batches."""
+        gain = self.lr_gain(len(batches))
+        result = self.learner.update(batches, progress=Progress(k, self.config.rounds, lr_gain=gain),
+                                     deadline=self.deadline.at)
+        if self.config.scaler.scale_step:
+            result = dataclasses.replace(result, diagnostics={**result.diagnostics, "lr_gain": gain})
         if result.took_no_step:
             self.failed_updates += 1
             log.warning("round %d: the update took no step (%d in a row)", k, self.failed_updates)
@@ -301,8 +307,10 @@ class StellarisUpdate:
 
 def make_update_mode(config: NitroConfig, learner: Learner, cache: TrajectoryCache, run_dir: RunDir,
                      behaviour: BehaviourPolicies, bounds: Bounds, deadline: UpdateDeadline, actor_cache_url: str,
-                     actor_credentials: dict[str, str]) -> SyncUpdate | LearnWhileActing | StellarisUpdate:
-    """The mode ``config.update_mode`` names, over the run's learner and cache."""
+                     actor_credentials: dict[str, str], lr_gain: Callable[[int], float] = lambda n_batches: 1.0,
+                     ) -> SyncUpdate | LearnWhileActing | StellarisUpdate:
+    """The mode ``config.update_mode`` names, over the run's learner and cache; ``lr_gain``: the
+    factor on a sync update's learning rate, by its batches (the scaler's ``step_gain``)."""
     if config.update_mode == "stellaris":
         if not isinstance(learner, PPOLearner):
             raise TypeError(f"learner.mode=stellaris computes PPO gradients, not {type(learner).__name__}'s")
@@ -312,4 +320,4 @@ def make_update_mode(config: NitroConfig, learner: Learner, cache: TrajectoryCac
         if not isinstance(learner, OffPolicyLearner):
             raise TypeError(f"{type(learner).__name__} cannot learn while acting: it does not replay")
         return LearnWhileActing(config, learner, cache, door, deadline)
-    return SyncUpdate(config, learner, cache, door, deadline)
+    return SyncUpdate(config, learner, cache, door, deadline, lr_gain)

@@ -73,6 +73,11 @@ class Scaler:
     def decide(self, round_idx: int, signal: RoundSignal) -> int:
         raise NotImplementedError
 
+    def step_gain(self, n_actors: int) -> float:
+        """The factor on the learning rate of an update over ``n_actors`` actors' batches: 1, unless
+        the scaler offers one (goodput's ``scale_step``)."""
+        return 1.0
+
     def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "seed": self.seed}
 

@@ -26,6 +26,7 @@ for a batch against I_min's (``step_gain``), the factor a learner may scale its 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,9 +85,11 @@ def choose_count(current: int, phi: float, samples_per_actor: int, line: Line, l
 class GoodputScaler(Scaler):
     name = "goodput"
 
-    def __init__(self, cfg: ScalerConfig, seed: int = 0, *, steps_per_actor: int, prior: PricePrior):
+    def __init__(self, cfg: ScalerConfig, seed: int = 0, *, steps_per_actor: int, prior: PricePrior,
+                 minibatches: Callable[[int], int] = lambda samples: 1):  # default: full-batch steps
         super().__init__(cfg, seed)
         self.steps_per_actor = int(steps_per_actor)
+        self.minibatches = minibatches  # the learner's minibatches per epoch for a batch's samples
         self.prior = prior
         self.current = cfg.i_min
         self.policy = NoiseTracker(cfg.noise_decay)
@@ -122,13 +125,20 @@ class GoodputScaler(Scaler):
                             line=_describe(fit, cfg.objective), **info)
 
     def step_gain(self, n_actors: int) -> float:
-        """AdaScale's gain r for a batch of ``n_actors`` against I_min's at the smoothed phi (1 with
-        ``scale_step`` off or before a measurement): what a learner may multiply its step by."""
+        """AdaScale's gain r for one step of an update over ``n_actors`` actors' batches against one
+        of an update over I_min's, at the smoothed phi: the gain of the minibatch, the batch one
+        step is on (``minibatches``: the learner's count for a batch's samples). With minibatches of
+        a fixed size it is 1; with a fixed count (the constant-steps learner) a boosted round's
+        bigger minibatches earn up to N / I_min. 1 with ``scale_step`` off or before a measurement."""
         noise = self.policy.estimate()
         if not self.cfg.scale_step or noise is None or n_actors < 1:
             return 1.0
-        spa = self.steps_per_actor
-        return adascale_gain(n_actors * spa, self.cfg.i_min * spa, noise.phi)
+
+        def minibatch(actors: int) -> float:
+            samples = actors * self.steps_per_actor
+            return samples / self.minibatches(samples)
+
+        return adascale_gain(minibatch(n_actors), minibatch(self.cfg.i_min), noise.phi)
 
     def round_metrics(self, round_idx: int) -> dict[str, float]:
         last = self.last

@@ -33,7 +33,7 @@ learner side is ``nitro/learners/fragments.py``):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeGuard
 
@@ -103,6 +103,46 @@ def measurement_from(diagnostics: Mapping[str, float]) -> NoiseMeasurement | Non
     if policy is None:
         return None
     return NoiseMeasurement(policy, norms(VALUE_FRAG_SQNORM, VALUE_MEAN_SQNORM))
+
+
+def pooled(groups: Sequence[FragmentNorms]) -> FragmentNorms | None:
+    """Fragments measured in groups, each group at its own parameters (Stellaris: the first pass's
+    gradients, grouped by the snapshot version they were computed at), as one measurement. Each
+    group of at least two fragments gives unbiased |G|^2 and S; they are pooled with weights
+    n_g - 1 (the degrees of freedom, as a pooled variance weighs its groups; S per sample, as the
+    groups' fragment sizes may differ) and returned as the norms N fragments at one point would
+    show, N the groups' fragments together: mean_i |g_i|^2 = |G|^2 + S and |g|^2 = |G|^2 + S / N,
+    from which ``grad_sqnorm`` and ``trace_sigma`` give the pooled values back. None when no group
+    has two fragments."""
+    usable = [g for g in groups if g.fragments >= 2]
+    if not usable:
+        return None
+    weights = [g.fragments - 1 for g in usable]
+    total = sum(weights)
+    grad = sum(w * g.grad_sqnorm() for w, g in zip(weights, usable)) / total
+    samples = sum(w * g.fragment_samples for w, g in zip(weights, usable)) / total
+    trace = sum(w * g.trace_sigma() * g.fragment_samples for w, g in zip(weights, usable)) / total / samples
+    n = sum(g.fragments for g in usable)
+    return FragmentNorms(n, samples, frag_sqnorm=grad + trace, mean_sqnorm=grad + trace / n)
+
+
+def pool_measurements(measurements: Sequence[NoiseMeasurement]) -> NoiseMeasurement | None:
+    """Rounds' worth of groups measured at different parameters as one measurement (``pooled`` for
+    each loss; the value loss's only where every group reports it)."""
+    policy = pooled([m.policy for m in measurements])
+    if policy is None:
+        return None
+    values = [m.value for m in measurements if m.value is not None]
+    return NoiseMeasurement(policy, pooled(values) if len(values) == len(measurements) else None)
+
+
+def diagnostics_of(m: NoiseMeasurement) -> dict[str, float]:
+    """The learner's diagnostics that ``measurement_from`` reads ``m`` back from."""
+    out = {FRAGMENTS: float(m.policy.fragments), FRAGMENT_SAMPLES: m.policy.fragment_samples,
+           POLICY_FRAG_SQNORM: m.policy.frag_sqnorm, POLICY_MEAN_SQNORM: m.policy.mean_sqnorm}
+    if m.value is not None:
+        out |= {VALUE_FRAG_SQNORM: m.value.frag_sqnorm, VALUE_MEAN_SQNORM: m.value.mean_sqnorm}
+    return out
 
 
 @dataclass

@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from nitro.config import NitroConfig, ScalerConfig
+from nitro.learners.sgd import minibatch_count
 from nitro.scaling.base import (
     RoundSignal,
     Scaler,
@@ -278,7 +279,9 @@ def make_scaler(cfg: ScalerConfig, seed: int, *, steps_per_actor: int = 512, run
     if cls is GoodputScaler:
         if run is None:
             run = NitroConfig.load({"scaler": cfg.model_dump(mode="json"), "steps_per_actor": steps_per_actor})
-        return GoodputScaler(cfg, seed, steps_per_actor=steps_per_actor, prior=price_prior(run))
+        ppo = run.ppo
+        return GoodputScaler(cfg, seed, steps_per_actor=steps_per_actor, prior=price_prior(run),
+                             minibatches=lambda n: minibatch_count(n, ppo.minibatch_size, ppo.minibatches))
     return cls(cfg, seed)
 
 

@@ -36,7 +36,9 @@ from nitro.cache import TrajectoryCache
 from nitro.config import NitroConfig
 from nitro.learners import Progress
 from nitro.learners.behaviour import BehaviourPolicies
+from nitro.learners.fragments import SECONDS as NOISE_SECONDS, FragmentSums
 from nitro.learners.ppo import PPOLearner
+from nitro.scaling.noise import diagnostics_of, measurement_from, pool_measurements
 from nitro.stellaris.aggregation import BoundState
 from nitro.stellaris.jobs import GradientJob, gradient_job_id, gradient_key, snapshot_key
 from nitro.stellaris.schedule import GradientSchedule, LatencyModel, simulate
@@ -72,6 +74,37 @@ class Served:
     adam_steps: int
     metrics: dict[str, float]
     busy_s: float
+
+
+class NoiseGroups:
+    """The round's gradient noise from the functions' own gradients (``nitro.scaling.noise``): the
+    first pass's gradients, one per actor batch (its first slice to land) for each snapshot version,
+    each version's gradients a group of fragments at one point; the groups pooled. A later pass
+    re-reads the same samples, and two slices of one batch share its trajectories: neither is a new
+    fragment. Costs a few norms of gradients the parameter server holds anyway."""
+
+    def __init__(self) -> None:
+        self.groups: dict[int, FragmentSums] = {}
+        self.seen: set[tuple[int, str]] = set()
+        self.seconds = 0.0
+
+    def add(self, job: GradientJob, gradient: Gradient) -> None:
+        if job.epoch != 0 or (job.snapshot_version, job.actor_id) in self.seen:
+            return
+        started = time.perf_counter()
+        self.seen.add((job.snapshot_version, job.actor_id))
+        g = gradient.gradients()
+        self.groups.setdefault(job.snapshot_version, FragmentSums()).add(g.tensors, g.samples)
+        self.seconds += time.perf_counter() - started
+
+    def diagnostics(self) -> dict[str, float]:
+        """The pooled measurement as the sync learner reports one; empty when no version had two."""
+        started = time.perf_counter()
+        measured = [m for m in (measurement_from(s.norms()) for s in self.groups.values()) if m is not None]
+        pooled = pool_measurements(measured)
+        if pooled is None:
+            return {}
+        return diagnostics_of(pooled) | {NOISE_SECONDS: self.seconds + time.perf_counter() - started}
 
 
 class StellarisLearning:
@@ -202,6 +235,7 @@ class StellarisLearning:
         behaviour_policy = copy.deepcopy(self.learner.policy)  # what the actors act with this round
         progress = Progress(k + 1, self.config.rounds)  # round k's batches: what sync's round k+1 trains on
         sums: dict[str, float] = {}
+        noise = NoiseGroups() if self.config.scaler.measures_noise else None
         for application in schedule.applications:
             landed = []
             for j, staleness in zip(application.jobs, application.staleness):
@@ -211,6 +245,8 @@ class StellarisLearning:
                 if gradient is not None:
                     landed.append(Landed(gradient, staleness))
                     served.staleness.append(staleness)
+                    if noise is not None:
+                        noise.add(job, gradient)
                     for name, value in gradient.metrics.items():
                         sums[name] = sums.get(name, 0.0) + value
                 served.busy_s += time.perf_counter() - started
@@ -232,7 +268,7 @@ class StellarisLearning:
             "stellaris_bound": float(self.bound_now() or -1), "stellaris_versions": float(len(schedule.applications)),
             "stellaris_lanes": float(plan.lanes), "stellaris_version": float(self.server.version),
             "sgd_steps": float(served.adam_steps), "kl_coef": self.learner.kl_coef,
-        } | closed
+        } | closed | (noise.diagnostics() if noise is not None else {})
         return served
 
     def _receive(self, job: GradientJob, served: Served) -> Gradient | None:
