@@ -295,9 +295,8 @@ class RayActorBackend:
             refs = list(self._refs.values())
             threads = list(self._threads)
             self._lock.notify_all()
-        for ref in refs:
-            _cancel(ref)
         deadline = time.monotonic() + wait_s
+        _cancel_until_ended(refs, deadline)
         while time.monotonic() < deadline:
             with self._lock:
                 if self._in_flight == 0:
@@ -320,6 +319,26 @@ class RayActorBackend:
     def __repr__(self) -> str:
         where = "local Ray" if self.session.local else (self.cfg.address or "the connected Ray")
         return f"RayActorBackend({where}, timeout_s={self.timeout_s:g}, actor_fn={self.actor_fn!r})"
+
+
+def _cancel_until_ended(refs: list[Any], deadline: float) -> None:
+    """Cancel ``refs`` with force, again each second until Ray reports each ended or ``deadline``
+    (a ``time.monotonic()`` value) passes. A cancel that reaches a task while it is being handed
+    to its worker can be lost, and the task then runs to its end on its CPU after the close."""
+    import ray
+
+    pending = list(refs)
+    while pending:
+        for ref in pending:
+            _cancel(ref)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(1.0, left))
+        except Exception as exc:  # Ray is gone: nothing left to stop
+            log.debug("ray.wait: %s", exc)
+            return
 
 
 def _cancel(ref: Any) -> None:
