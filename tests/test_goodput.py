@@ -455,13 +455,27 @@ def pool():
         yield p
 
 
-def tiny_run(redis_url: str, run_id: str, tmp_path, rounds: int = 3):
+def tiny_run(redis_url: str, run_id: str, tmp_path, rounds: int = 3, ppo: dict | None = None,
+             scaler: dict | None = None):
     from nitro.cache import TrajectoryCache, connect_redis
     from nitro.run.engine import TrainingRun
 
     cfg = NitroConfig.load({"steps_per_actor": 64, "rounds": rounds, "home": str(tmp_path), "eval": {"every_rounds": 0},
-                            "scaler": {"name": "goodput", "i_min": 2, "i_max": 6}})
+                            "ppo": ppo or {}, "scaler": {"name": "goodput", "i_min": 2, "i_max": 6, **(scaler or {})}})
     return TrainingRun(cfg, run_id, TrajectoryCache(connect_redis(redis_url), run_id, ttl_s=600), redis_url)
+
+
+def report_noise(training, monkeypatch, phi_fragments: float) -> None:
+    """Make the run's learner report, beside its own diagnostics, a noise measurement whose
+    estimate is ``phi_fragments`` fragments of 64 samples (two fragments a round)."""
+    update = training.learner.update
+
+    def measured(*args, **kwargs):
+        result = update(*args, **kwargs)
+        return dataclasses.replace(result, diagnostics={**result.diagnostics,
+                                                        **expected_norms(phi_fragments, fragments=2, samples=64.0)})
+
+    monkeypatch.setattr(training.learner, "update", measured)
 
 
 def test_a_tiny_run_measures_from_its_first_update(redis_url, pool, tmp_path):
@@ -484,14 +498,7 @@ def test_a_tiny_run_follows_the_noise_the_learner_reports(redis_url, pool, tmp_p
     (10^4 fragments of 64 samples), so once MIN_MEASUREMENTS rounds have measured it (rounds 1-3)
     goodput asks for I_max."""
     training = tiny_run(redis_url, "goodput-measured", tmp_path, rounds=5)
-    update = training.learner.update
-
-    def measured(*args, **kwargs):
-        result = update(*args, **kwargs)
-        return dataclasses.replace(result, diagnostics={**result.diagnostics,
-                                                        **expected_norms(1e4, fragments=2, samples=64.0)})
-
-    monkeypatch.setattr(training.learner, "update", measured)
+    report_noise(training, monkeypatch, 1e4)
     reports = drive(training, pool, 5)
     k = MIN_MEASUREMENTS  # round 0 makes no update; rounds 1..k measure
     assert [int(r.metrics["actors_launched"]) for r in reports] == [2] * k + [6] * (5 - k)
@@ -509,22 +516,9 @@ def test_a_scaled_step_reaches_the_update_after_a_boost(redis_url, pool, tmp_pat
     """With ``scale_step`` and the constant-steps learner, the update after goodput's switch trains
     the new count's batches at the learning rate times AdaScale's gain of its minibatches; every
     update before it at the gain of I_min's, 1."""
-    from nitro.cache import TrajectoryCache, connect_redis
-    from nitro.run.engine import TrainingRun
-
-    cfg = NitroConfig.load({"steps_per_actor": 64, "rounds": 5, "home": str(tmp_path), "eval": {"every_rounds": 0},
-                            "ppo": {"minibatches": 4},
-                            "scaler": {"name": "goodput", "i_min": 2, "i_max": 6, "scale_step": True}})
-    cache = TrajectoryCache(connect_redis(redis_url), "goodput-scaled", ttl_s=600)
-    training = TrainingRun(cfg, "goodput-scaled", cache, redis_url)
-    update = training.learner.update
-
-    def measured(*args, **kwargs):
-        result = update(*args, **kwargs)
-        return dataclasses.replace(result, diagnostics={**result.diagnostics,
-                                                        **expected_norms(10.0, fragments=2, samples=64.0)})
-
-    monkeypatch.setattr(training.learner, "update", measured)
+    training = tiny_run(redis_url, "goodput-scaled", tmp_path, rounds=5, ppo={"minibatches": 4},
+                        scaler={"scale_step": True})
+    report_noise(training, monkeypatch, 10.0)
     reports = drive(training, pool, 5)
     k = MIN_MEASUREMENTS
     actors = [int(r.metrics["actors_launched"]) for r in reports]
