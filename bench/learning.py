@@ -3,6 +3,7 @@
     python bench/learning.py                                  # Hopper-v5 and Walker2d-v5, 3 seeds, ~300k steps
     python bench/learning.py --envs Hopper-v5 --seeds 1 --rounds 25     # a quick look
     python bench/learning.py --algo impact                    # another algorithm, same protocol
+    python bench/learning.py --envs Humanoid-v5 --steps 1000000 --seeds 1,2   # Humanoid at 1M steps
 
 Nitro runs as ``nitro train`` does (a Prefect flow per round, a local Redis, MLflow, warm local
 actor processes) with its defaults, ``scaler.name=fixed`` and ``--actors`` actors per round, and
@@ -136,7 +137,8 @@ def main() -> None:
     parser.add_argument("--envs", default="Hopper-v5,Walker2d-v5")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--actors", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=None, help="default: as many as ~300k steps need, +1")
+    parser.add_argument("--steps", type=int, default=300_000, help="training env steps (default 300k)")
+    parser.add_argument("--rounds", type=int, default=None, help="default: as many as --steps need, +1")
     parser.add_argument("--eval-every", type=int, default=None, help="default: a third of the rounds")
     parser.add_argument("--no-sb3", action="store_true", help="skip the SB3 reference runs")
     parser.add_argument("--out", default=None, help="file under bench/results/ (default: learning_<algo>.json); "
@@ -148,7 +150,7 @@ def main() -> None:
 
     steps_per_round = args.actors * NitroConfig.load(overrides=args.overrides).steps_per_actor
     if args.rounds is None:
-        args.rounds = -(-300_000 // steps_per_round) + 1  # the last round's policy has seen >= 300k
+        args.rounds = -(-args.steps // steps_per_round) + 1  # the last round's policy has seen >= --steps
     if args.eval_every is None:
         args.eval_every = (args.rounds - 1) // 3
     load_before = os.getloadavg()

@@ -2,6 +2,7 @@
 
     python bench/round_profile.py                 # Hopper-v5, Nitro's defaults, 8 local actors
     python bench/round_profile.py --rounds 12 key=value ...
+    python bench/round_profile.py --env Humanoid-v5 --out round_profile_humanoid.json
 
 Three measurements, each alone in this process, on the same machine (run it on a quiet one):
 
@@ -11,7 +12,7 @@ Three measurements, each alone in this process, on the same machine (run it on a
 3. A short real run through the pipeline (``nitro train``'s flow: Prefect, Redis, MLflow, local
    actors) with the median per-round split into learner, detection, actors and orchestration.
 
-Writes bench/results/round_profile.json.
+Writes bench/results/round_profile.json (``--out``: another name).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ def main() -> None:
     parser.add_argument("--env", default="Hopper-v5")
     parser.add_argument("--actors", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--out", default="round_profile.json", help="file under bench/results/")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     isolated_home("round-profile-setup")
@@ -114,7 +116,7 @@ def main() -> None:
               "update": update_profile(args.env, args.overrides, args.actors),
               "pipeline": pipeline_rounds(args.env, args.overrides, args.actors, args.rounds),
               "load_average_after": os.getloadavg(), "machine": machine()}
-    out = RESULTS / "round_profile.json"
+    out = RESULTS / args.out
     out.write_text(json.dumps(report, indent=1))
     s, u, p = report["step"], report["update"], report["pipeline"]
     print(f"actor step: env.step {s['env_step_us']:.0f} us, policy numpy {s['policy_sample_numpy_us']:.0f} us "
