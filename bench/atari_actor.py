@@ -1,5 +1,5 @@
 """Atari actors on one core against ``ale.act`` alone (the P2 ratio for Atari), and the learner's
-samples/s for the Nature CNN's PPO update on this CPU (issue 49, item 1).
+samples/s for the paper's CNN's PPO update on this CPU (issue 49, item 1).
 
 Everything runs in this one process with one torch thread (OMP_NUM_THREADS=1), so each number is
 what one core does. An env step is an agent step: FRAME_SKIP (4) emulator frames. Per game

@@ -4,6 +4,8 @@
     python bench/learning.py --envs Hopper-v5 --seeds 1 --rounds 25     # a quick look
     python bench/learning.py --algo impact                    # another algorithm, same protocol
     python bench/learning.py --envs Humanoid-v5 --steps 1000000 --seeds 1,2   # Humanoid at 1M steps
+    python bench/learning.py --envs ALE/Qbert-v5 --steps 250000 --seeds 1 --out learning_ppo_atari.json \
+        ppo.anneal_lr=true                                    # an Atari game at 1M frames (250k agent steps)
 
 Nitro runs as ``nitro train`` does (a Prefect flow per round, a local Redis, MLflow, warm local
 actor processes) with its defaults, ``scaler.name=fixed`` and ``--actors`` actors per round, and
@@ -11,6 +13,16 @@ evaluates its policy on the actors every ``--eval-every`` rounds (whole episodes
 and sampled actions). SB3's PPO runs with its defaults and ``VecNormalize`` (the reference every
 reader knows) in this same process, one env, and is evaluated at the same numbers of training
 steps on the same kind of episodes. Both are timed by wall clock, evaluation included.
+
+On an Atari game (``ALE/...``) SB3 runs as the rl-zoo trains Atari: ``CnnPolicy`` on
+``make_atari_env`` (its ``AtariWrapper``: 30 no-ops, frame skip 4 with max-pooling, 84x84
+grayscale, an episode ended at each lost life, sign-clipped rewards, FIRE pressed at a reset where
+the game has it) and a 4-frame stack, 8 envs x 128 steps, 4 epochs of 256-sample minibatches,
+learning rate 2.5e-4 and clip 0.1 both annealed linearly to 0, entropy 0.01. The base game is
+the same id with ``frameskip=1`` (sticky actions as the id sets them), as Nitro's. Both are
+evaluated on whole games (every life, raw score, at most 27,000 agent steps, Nitro's cap), and
+the report gives a uniformly random policy's score on the same games beside them. A "step" is an
+agent step of 4 frames.
 
 A Nitro evaluation in round k scores the policy trained on the k rounds before it (k x actors x
 steps env steps), so the checkpoints are the steps trained on at evaluation rounds. Writes
@@ -49,15 +61,38 @@ def nitro_run(env_id: str, seed: int, args: argparse.Namespace) -> dict:
     history = state["history"]
     per_round = history[0]["env_steps"] if history else 0
     evals = [{"trained_steps": int(r["round"]) * int(per_round), "round": int(r["round"]),
-              "deterministic": r["eval_return_mean"], "stochastic": r["eval_stochastic_return_mean"]}
-             for r in history if r.get("eval_episodes", 0) > 0]
+              "deterministic": r["eval_return_mean"], "stochastic": r["eval_stochastic_return_mean"],
+              "training": last_games_return(history[: i + 1])}
+             for i, r in enumerate(history) if r.get("eval_episodes", 0) > 0]
     return {"wall_s": round(wall, 1), "env_steps": int(history[-1]["env_steps_total"]),
             "rounds": result.rounds_done, "evals": evals,
             "median_round_s": sorted(r["round_s"] for r in history)[len(history) // 2]}
 
 
-def sb3_run(env_id: str, seed: int, checkpoints: list[int]) -> dict:
-    """SB3 PPO (defaults + VecNormalize), evaluated at ``checkpoints`` training steps."""
+ATARI_EVAL_CAP = 27_000  # agent steps: Nitro's evaluation cap where the env sets none (EvalConfig.max_steps)
+
+
+TRAINING_GAMES = 100  # the training curve: the mean return of the last 100 finished episodes, as SB3's ep_info_buffer
+
+
+def last_games_return(history: list[dict]) -> float | None:
+    """The mean whole-episode training return of the last rounds of ``history`` that together
+    finished at least TRAINING_GAMES episodes (each round's mean weighted by its episodes)."""
+    total, games = 0.0, 0
+    for r in reversed(history):
+        n = int(r.get("train_episodes", 0))
+        if n:
+            total, games = total + float(r["train_return_mean"]) * n, games + n
+        if games >= TRAINING_GAMES:
+            break
+    return round(total / games, 1) if games else None
+
+
+def sb3_run(env_id: str, seed: int, checkpoints: list[int], threads: int = 1) -> dict:
+    """SB3 PPO (defaults + VecNormalize; on Atari the rl-zoo's settings), evaluated at
+    ``checkpoints`` training steps."""
+    if env_id.startswith("ALE/"):
+        return sb3_atari_run(env_id, seed, checkpoints, threads)
     import gymnasium as gym
     import numpy as np
     import torch
@@ -65,7 +100,7 @@ def sb3_run(env_id: str, seed: int, checkpoints: list[int]) -> dict:
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)  # as many as Nitro's learner (learner_threads)
     venv = VecNormalize(DummyVecEnv([lambda: gym.make(env_id)]), gamma=0.99)
     model = PPO("MlpPolicy", venv, seed=seed, device="cpu", verbose=0)
     eval_env = gym.make(env_id)
@@ -100,13 +135,98 @@ def sb3_run(env_id: str, seed: int, checkpoints: list[int]) -> dict:
     return {"wall_s": round(wall, 1), "env_steps": int(model.num_timesteps), "evals": evals}
 
 
+def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int) -> dict:
+    """SB3 PPO with the rl-zoo's Atari settings (module docstring), evaluated on whole games."""
+    import numpy as np
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    from nitro.envs import make_env
+
+    make_env(env_id)  # registers the ALE ids with gymnasium, as Nitro's actors do
+    torch.set_num_threads(threads)
+    game = {"frameskip": 1}  # AtariWrapper skips the frames itself
+    venv = VecFrameStack(make_atari_env(env_id, n_envs=8, seed=seed, env_kwargs=game), n_stack=4)
+    whole_games = {"terminal_on_life_loss": False, "clip_reward": False}
+    eval_env = VecFrameStack(make_atari_env(env_id, n_envs=1, seed=seed + 10_000, env_kwargs=game,
+                                            wrapper_kwargs=whole_games), n_stack=4)
+
+    def linear(start: float):
+        return lambda progress_remaining: start * progress_remaining
+
+    model = PPO("CnnPolicy", venv, n_steps=128, n_epochs=4, batch_size=256, learning_rate=linear(2.5e-4),
+                clip_range=linear(0.1), vf_coef=0.5, ent_coef=0.01, seed=seed, device="cpu", verbose=0)
+
+    def evaluate(deterministic: bool) -> float:
+        returns = []
+        for _ in range(EVAL_EPISODES):
+            obs, total = eval_env.reset(), 0.0
+            for _ in range(ATARI_EVAL_CAP):
+                action, _ = model.predict(obs, deterministic=deterministic)
+                obs, reward, done, _ = eval_env.step(action)
+                total += float(reward[0])
+                if done[0]:
+                    break
+            returns.append(total)
+        return float(np.mean(returns))
+
+    evals: list[dict] = []
+
+    class Checkpoints(BaseCallback):
+        def _on_step(self) -> bool:
+            if len(evals) < len(checkpoints) and self.num_timesteps >= checkpoints[len(evals)]:
+                # Monitor sits beneath AtariWrapper: ep_info_buffer holds the last 100 whole games, raw score
+                games = [float(info["r"]) for info in self.model.ep_info_buffer or []]
+                evals.append({"trained_steps": self.num_timesteps, "deterministic": evaluate(True),
+                              "stochastic": evaluate(False),
+                              "training": round(float(np.mean(games)), 1) if games else None})
+            return True
+
+    started = time.perf_counter()
+    evals.append({"trained_steps": 0, "deterministic": evaluate(True), "stochastic": evaluate(False),
+                  "training": None})
+    checkpoints = [0, *checkpoints]
+    model.learn(checkpoints[-1], callback=Checkpoints())
+    wall = time.perf_counter() - started
+    return {"wall_s": round(wall, 1), "env_steps": int(model.num_timesteps), "evals": evals}
+
+
+def random_score(env_id: str, episodes: int = 10) -> dict:
+    """A uniformly random policy's whole-episode return on Nitro's preprocessed env (Atari: every
+    life, raw score, at most ATARI_EVAL_CAP agent steps)."""
+    import numpy as np
+
+    from nitro.envs import make_env
+
+    env = make_env(env_id, seed=0)
+    returns = []
+    for episode in range(episodes):
+        env.reset(seed=episode)
+        total = 0.0
+        for _ in range(ATARI_EVAL_CAP):
+            _, reward, term, trunc, _ = env.step(env.action_space.sample())
+            total += float(reward)
+            if term or trunc:
+                break
+        returns.append(total)
+    return {"episodes": episodes, "mean": round(float(np.mean(returns)), 1),
+            "values": [round(r, 1) for r in returns]}
+
+
 def summarize(runs: list[dict], key: str) -> list[dict]:
-    """Per checkpoint: mean and 95% CI over seeds of the ``key`` evaluation return."""
+    """Per checkpoint: mean and 95% CI over seeds of the ``key`` return (evaluation, or the
+    training curve where a checkpoint has one)."""
     from nitro.tracking.plots import mean_ci95
 
     out = []
     for i, point in enumerate(runs[0]["evals"]):
-        values = [r["evals"][i][key] for r in runs if i < len(r["evals"])]
+        values = [r["evals"][i].get(key) for r in runs if i < len(r["evals"])]
+        values = [v for v in values if v is not None]
+        if not values:
+            continue
         mean, half = mean_ci95(values)
         out.append({"trained_steps": point["trained_steps"], "mean": round(mean, 1), "ci95": round(half, 1),
                     "values": [round(v, 1) for v in values]})
@@ -148,7 +268,8 @@ def main() -> None:
     isolated_home("learning")
     from nitro.config import NitroConfig
 
-    steps_per_round = args.actors * NitroConfig.load(overrides=args.overrides).steps_per_actor
+    config = NitroConfig.load(overrides=[f"env_id={args.envs.split(',')[0]}", *args.overrides])
+    steps_per_round = args.actors * config.steps_per_actor
     if args.rounds is None:
         args.rounds = -(-args.steps // steps_per_round) + 1  # the last round's policy has seen >= --steps
     if args.eval_every is None:
@@ -167,18 +288,22 @@ def main() -> None:
                   + evaluations(run), flush=True)
             if not args.no_sb3:
                 checkpoints = [e["trained_steps"] for e in run["evals"] if e["trained_steps"] > 0]
-                ref = {"seed": seed, **sb3_run(env_id, seed, checkpoints)}
+                ref = {"seed": seed, **sb3_run(env_id, seed, checkpoints, config.learner_threads)}
                 sb3_runs.append(ref)
                 print(f"sb3   {env_id} seed {seed}: {ref['env_steps']} steps in {ref['wall_s']} s, evaluations "
                       + evaluations(ref), flush=True)
         entry: dict = {"nitro": {"runs": nitro_runs}, "sb3": {"runs": sb3_runs}}
+        if env_id.startswith("ALE/"):
+            entry["random"] = random_score(env_id)
+            print(f"random {env_id}: {entry['random']['mean']} over {entry['random']['episodes']} whole games",
+                  flush=True)
         for name, runs in (("nitro", nitro_runs), ("sb3", sb3_runs)):
             if not runs:
                 continue
             wall = sum(r["wall_s"] for r in runs) / len(runs)
             steps = sum(r["env_steps"] for r in runs) / len(runs)
             entry[name].update({"deterministic": summarize(runs, "deterministic"),
-                                "stochastic": summarize(runs, "stochastic"),
+                                "stochastic": summarize(runs, "stochastic"), "training": summarize(runs, "training"),
                                 "wall_s_mean": round(wall, 1), "env_steps_per_s": round(steps / wall, 1)})
         report["envs"][env_id] = entry
         write_report(report, out)  # after each env: a long run keeps what it has
