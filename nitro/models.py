@@ -135,6 +135,13 @@ class AtariTrunk(nn.Module):
             nn.Conv2d(32, 256, 11, stride=1), nn.ReLU(),  # 11 -> 1
             nn.Flatten(),
         )
+        # Orthogonal with gain sqrt(2), as CleanRL and SB3 initialise their CNNs. PyTorch's default
+        # leaves the features about 12x smaller on Qbert's frames (rms 0.019 against 0.22), and
+        # since Adam's steps have a fixed size, the logits then move that much slower.
+        for conv in self.net:
+            if isinstance(conv, nn.Conv2d):
+                nn.init.orthogonal_(conv.weight, math.sqrt(2))
+                nn.init.zeros_(conv.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
