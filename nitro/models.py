@@ -139,7 +139,7 @@ class AtariTrunk(nn.Module):
         # leaves the features about 12x smaller on Qbert's frames (rms 0.019 against 0.22), and
         # since Adam's steps have a fixed size, the logits then move that much slower.
         for conv in self.net:
-            if isinstance(conv, nn.Conv2d):
+            if isinstance(conv, nn.Conv2d) and conv.bias is not None:
                 nn.init.orthogonal_(conv.weight, math.sqrt(2))
                 nn.init.zeros_(conv.bias)
 
