@@ -97,7 +97,6 @@ def sb3_run(env_id: str, seed: int, checkpoints: list[int], threads: int = 1) ->
     import numpy as np
     import torch
     from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
     torch.set_num_threads(threads)  # as many as Nitro's learner (learner_threads)
@@ -118,17 +117,31 @@ def sb3_run(env_id: str, seed: int, checkpoints: list[int], threads: int = 1) ->
             returns.append(total)
         return float(np.mean(returns))
 
+    return learn_at_checkpoints(model, checkpoints, evaluate)
+
+
+def learn_at_checkpoints(model, checkpoints: list[int], evaluate, training=None) -> dict:
+    """Train SB3's ``model`` to the last of ``checkpoints``, evaluating it before training and at
+    each checkpoint (``evaluate(deterministic)``), with ``training(model)``'s training curve beside
+    each evaluation where one is given; timed by wall clock, evaluation included."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
     evals: list[dict] = []
+
+    def checkpoint(steps: int) -> None:
+        point = {"trained_steps": steps, "deterministic": evaluate(True), "stochastic": evaluate(False)}
+        if training is not None:
+            point["training"] = training(model) if steps else None
+        evals.append(point)
 
     class Checkpoints(BaseCallback):
         def _on_step(self) -> bool:
             if len(evals) < len(checkpoints) and self.num_timesteps >= checkpoints[len(evals)]:
-                evals.append({"trained_steps": self.num_timesteps, "deterministic": evaluate(True),
-                              "stochastic": evaluate(False)})
+                checkpoint(self.num_timesteps)
             return True
 
     started = time.perf_counter()
-    evals.append({"trained_steps": 0, "deterministic": evaluate(True), "stochastic": evaluate(False)})
+    checkpoint(0)
     checkpoints = [0, *checkpoints]
     model.learn(checkpoints[-1], callback=Checkpoints())
     wall = time.perf_counter() - started
@@ -140,7 +153,6 @@ def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int) 
     import numpy as np
     import torch
     from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_atari_env
     from stable_baselines3.common.vec_env import VecFrameStack
 
@@ -173,25 +185,12 @@ def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int) 
             returns.append(total)
         return float(np.mean(returns))
 
-    evals: list[dict] = []
+    def training(model) -> float | None:
+        # Monitor sits beneath AtariWrapper: ep_info_buffer holds the last 100 whole games, raw score
+        games = [float(info["r"]) for info in model.ep_info_buffer or []]
+        return round(float(np.mean(games)), 1) if games else None
 
-    class Checkpoints(BaseCallback):
-        def _on_step(self) -> bool:
-            if len(evals) < len(checkpoints) and self.num_timesteps >= checkpoints[len(evals)]:
-                # Monitor sits beneath AtariWrapper: ep_info_buffer holds the last 100 whole games, raw score
-                games = [float(info["r"]) for info in self.model.ep_info_buffer or []]
-                evals.append({"trained_steps": self.num_timesteps, "deterministic": evaluate(True),
-                              "stochastic": evaluate(False),
-                              "training": round(float(np.mean(games)), 1) if games else None})
-            return True
-
-    started = time.perf_counter()
-    evals.append({"trained_steps": 0, "deterministic": evaluate(True), "stochastic": evaluate(False),
-                  "training": None})
-    checkpoints = [0, *checkpoints]
-    model.learn(checkpoints[-1], callback=Checkpoints())
-    wall = time.perf_counter() - started
-    return {"wall_s": round(wall, 1), "env_steps": int(model.num_timesteps), "evals": evals}
+    return learn_at_checkpoints(model, checkpoints, evaluate, training)
 
 
 def random_score(env_id: str, episodes: int = 10) -> dict:
