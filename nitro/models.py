@@ -125,12 +125,17 @@ def _mlp(n_in: int, n_out: int, out_gain: float, arch: Architecture) -> nn.Seque
 
 
 class AtariTrunk(nn.Module):
-    """RLlib's 84x84 filters: 16@8x8/4 and 32@4x4/2 with 'same' padding, then 256@11x11/1 valid."""
+    """RLlib's 84x84 filters: 16@8x8/4 and 32@4x4/2 with 'same' padding, then 256@11x11/1 valid.
+
+    The first convolution pads inside itself: a separate pad copied every 84x84 stack of a
+    minibatch, about a tenth of the trunk's forward and backward (measured on 2 CPU threads). The
+    Identity in its place keeps the parameters' names (``net.1``, ``net.4``, ``net.6``), which
+    checkpoints and published weights carry."""
 
     def __init__(self, in_channels: int):
         super().__init__()
         self.net = nn.Sequential(
-            nn.ZeroPad2d(2), nn.Conv2d(in_channels, 16, 8, stride=4), nn.ReLU(),  # 84 -> 21
+            nn.Identity(), nn.Conv2d(in_channels, 16, 8, stride=4, padding=2), nn.ReLU(),  # 84 -> 21
             nn.ZeroPad2d((1, 2, 1, 2)), nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(),  # 21 -> 11
             nn.Conv2d(32, 256, 11, stride=1), nn.ReLU(),  # 11 -> 1
             nn.Flatten(),
@@ -291,7 +296,7 @@ class CNNActor:
     def logits(self, obs: np.ndarray) -> torch.Tensor:
         """(k, n_actions) float32 logits for k raw uint8 observations (k, 4, 84, 84)."""
         x = torch.from_numpy(np.ascontiguousarray(obs)).float().div_(255.0)  # Policy.features
-        x = F.conv2d(F.pad(x, (2, 2, 2, 2)), *self.conv1, stride=4).relu_()  # AtariTrunk's paddings
+        x = F.conv2d(x, *self.conv1, stride=4, padding=2).relu_()  # AtariTrunk's paddings
         x = F.conv2d(F.pad(x, (1, 2, 1, 2)), *self.conv2, stride=2).relu_()
         x = torch.addmm(self.dense[1], x.flatten(1), self.dense[0]).relu_()
         return torch.addmm(self.head[1], x, self.head[0])

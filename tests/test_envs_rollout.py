@@ -63,6 +63,23 @@ def test_atari_convolutions_start_orthogonal_with_gain_sqrt2():
             assert not conv.bias.detach().any()
 
 
+def test_atari_trunk_pads_as_rllibs_filters():
+    """The first convolution pads inside itself; the result is the explicit zero pads' to float
+    rounding: 2 on each side (84 -> 21), then (1, 2, 1, 2) (21 -> 11), then the valid 11x11."""
+    import torch
+    import torch.nn.functional as F
+
+    trunk = build_policy(env_spec("ALE/Qbert-v5"), seed=3).body[0]
+    c1, c2, c3 = (m for m in trunk.modules() if isinstance(m, torch.nn.Conv2d))
+    x = torch.rand(5, 4, 84, 84, generator=torch.Generator().manual_seed(0))
+    ref = F.conv2d(F.pad(x, (2, 2, 2, 2)), c1.weight, c1.bias, stride=4).relu()
+    assert ref.shape[-2:] == (21, 21)
+    ref = F.conv2d(F.pad(ref, (1, 2, 1, 2)), c2.weight, c2.bias, stride=2).relu()
+    ref = F.conv2d(ref, c3.weight, c3.bias).relu().flatten(1)
+    with torch.no_grad():
+        assert torch.allclose(trunk(x), ref, atol=1e-6)
+
+
 def test_obs_normaliser_travels_with_the_weights():
     policy = build_policy(env_spec("Hopper-v5"))
     policy.obs_norm.merge(np.random.default_rng(0).normal(3.0, 2.0, size=(1000, 11)))
