@@ -34,18 +34,16 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+    from gpu_timing import batches_for
 
-    from nitro.actors.rollout import rollout
     from nitro.config import NitroConfig
     from nitro.learners import make_learner
 
     torch.set_num_threads(args.threads)
     config = NitroConfig.load({"env_id": args.env, "learner_threads": args.threads, "steps_per_actor": 512,
                                "envs_per_actor": 4})
+    batches = batches_for(config, actors=2)
     learner = make_learner(config)
-    weights = {k: v.numpy() for k, v in learner.weights().items()}
-    batches = [rollout(weights, args.env, seed=i, n_steps=config.steps_per_actor, n_envs=config.envs_per_actor).batch
-               for i in range(2)]
     load_before = os.getloadavg()
     learner.update(batches)  # untimed: the allocator's and the kernels' first calls
     seconds = []

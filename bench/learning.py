@@ -69,9 +69,6 @@ def nitro_run(env_id: str, seed: int, args: argparse.Namespace) -> dict:
             "median_round_s": sorted(r["round_s"] for r in history)[len(history) // 2]}
 
 
-ATARI_EVAL_CAP = 27_000  # agent steps: Nitro's evaluation cap where the env sets none (EvalConfig.max_steps)
-
-
 TRAINING_GAMES = 100  # the training curve: the mean return of the last 100 finished episodes, as SB3's ep_info_buffer
 
 
@@ -157,6 +154,7 @@ def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int) 
     from stable_baselines3.common.vec_env import VecFrameStack
 
     from nitro.envs import make_env
+    from nitro.run.invocations import FALLBACK_EPISODE_STEPS  # Nitro's evaluation cap on Atari
 
     make_env(env_id)  # registers the ALE ids with gymnasium, as Nitro's actors do
     torch.set_num_threads(threads)
@@ -176,7 +174,7 @@ def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int) 
         returns = []
         for _ in range(EVAL_EPISODES):
             obs, total = eval_env.reset(), 0.0
-            for _ in range(ATARI_EVAL_CAP):
+            for _ in range(FALLBACK_EPISODE_STEPS):
                 action, _ = model.predict(obs, deterministic=deterministic)
                 obs, reward, done, _ = eval_env.step(action)
                 total += float(reward[0])
@@ -195,17 +193,18 @@ def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int) 
 
 def random_score(env_id: str, episodes: int = 10) -> dict:
     """A uniformly random policy's whole-episode return on Nitro's preprocessed env (Atari: every
-    life, raw score, at most ATARI_EVAL_CAP agent steps)."""
+    life, raw score, at most Nitro's evaluation cap of agent steps)."""
     import numpy as np
 
     from nitro.envs import make_env
+    from nitro.run.invocations import FALLBACK_EPISODE_STEPS
 
     env = make_env(env_id, seed=0)
     returns = []
     for episode in range(episodes):
         env.reset(seed=episode)
         total = 0.0
-        for _ in range(ATARI_EVAL_CAP):
+        for _ in range(FALLBACK_EPISODE_STEPS):
             _, reward, term, trunc, _ = env.step(env.action_space.sample())
             total += float(reward)
             if term or trunc:
