@@ -25,6 +25,8 @@ Parts:
   on the projected clock: sync's update (it runs alone on the learner) and Stellaris's learning
   window, from the first batch's landing to the last gradient's application (the schedule
   replayed with the measured durations, and never shorter than the parameter server's busy time).
+  ``--measured`` adds ``stellaris-measured`` (``learner.schedule=measured``: the staleness the
+  local workers' real arrivals make, against the seeded schedule's).
 
 Stated before running: the return thresholds for time-to-threshold are 400 on Hopper-v5 and 300
 on Walker2d-v5 (mean-action evaluations); time is the cumulative projected round time at the first
@@ -51,6 +53,7 @@ THRESHOLDS = {"Hopper-v5": 400.0, "Walker2d-v5": 300.0}
 ARMS = {
     "sync": [],
     "stellaris": ["learner.mode=stellaris"],
+    "stellaris-measured": ["learner.mode=stellaris", "learner.schedule=measured"],
     "stellaris-no-trunc": ["learner.mode=stellaris", "learner.is_truncation=false"],
     "stellaris-uniform": ["learner.mode=stellaris", "learner.weighting=none"],
     "sync-80": ["ppo.minibatch_size=256"],
@@ -70,7 +73,8 @@ def run(env_id: str, arm: str, seed: int, rounds: int, extra: list[str], tag: st
     _, state = RunDir(home, run_id).load()
     keep = ("round", "spend_round_usd", "round_lambda_s", "round_s", "learner_s", "actor_s", "eval_return_mean",
             "eval_stochastic_return_mean", "ppo/stellaris_staleness_mean", "ppo/stellaris_projected_s",
-            "ppo/stellaris_gradients_lost", "ppo/stellaris_learning_s", "ppo/sgd_steps", "spend_learner_usd",
+            "ppo/stellaris_gradients_lost", "ppo/stellaris_learning_s", "ppo/sgd_steps", "ppo/stellaris_versions",
+            "spend_learner_usd",
             "spend_lambda_compute_usd")
     rows = [{k: r.get(k) for k in keep} for r in state["history"]]
     print(f"  {env_id} {arm} seed {seed}: {len(rows)} rounds in {time.perf_counter() - started:.0f} s, "
@@ -147,7 +151,7 @@ def compare(runs: list[dict], arms: list[str], base: str) -> dict:
 def boost(args: argparse.Namespace) -> dict:
     rows = []
     for n in args.boost:
-        for arm in ("sync", "stellaris"):
+        for arm in ("sync", "stellaris", *(("stellaris-measured",) if args.measured else ())):
             r = run("Hopper-v5", arm, 0, 2, ["scaler.name=fixed", f"scaler.fixed_actors={n}", "eval.every_rounds=0",
                                              f"scaler.i_max={max(64, n)}"], f"boost{n}")
             last = r["rounds"][-1]  # round 1: sync updates on round 0's samples; stellaris learns beside its actors
@@ -157,10 +161,10 @@ def boost(args: argparse.Namespace) -> dict:
             rows.append({"actors": n, "arm": arm, "learner_projected_s": learner,
                          "round_lambda_s": last["round_lambda_s"], "learner_busy_s": last["learner_s"],
                          "staleness_mean": last.get("ppo/stellaris_staleness_mean"),
-                         "sgd_steps": last.get("ppo/sgd_steps")})
+                         "sgd_steps": last.get("ppo/sgd_steps"), "versions": last.get("ppo/stellaris_versions")})
             print(f"  boost {n} {arm}: learner {learner:.2f} s, round {last['round_lambda_s']:.2f} s", flush=True)
     base = {arm: next(r["learner_projected_s"] for r in rows if r["arm"] == arm and r["actors"] == args.boost[0])
-            for arm in ("sync", "stellaris")}
+            for arm in {r["arm"] for r in rows}}
     for r in rows:
         r["ratio_to_smallest"] = r["learner_projected_s"] / base[r["arm"]] if base[r["arm"]] else math.nan
     return {"rows": rows}
@@ -176,7 +180,11 @@ def main() -> None:
     p.add_argument("--stellaris-factor", type=float, default=1.6)
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--boost", type=int, nargs="+", default=[8, 16, 32, 64])
+    p.add_argument("--measured", action="store_true", help="boost: a stellaris arm on real arrivals too")
+    p.add_argument("--out", default=None, help="file under bench/results/ (default: stellaris_<part>.json)")
     args = p.parse_args()
+    if args.out and args.part == "all":
+        p.error("--out names one part's file: give --part too")
     common = ["scaler.name=fixed", "scaler.fixed_actors=8", f"eval.every_rounds={args.eval_every}"]
     parts = ("main", "ablations", "boost") if args.part == "all" else (args.part,)
     for part in parts:
@@ -206,7 +214,7 @@ def main() -> None:
         result.update({"part": part, "args": vars(args), "wall_s": time.perf_counter() - started,
                        "machine": machine(load_before=load_before, load_after=os.getloadavg())})
         RESULTS.mkdir(parents=True, exist_ok=True)
-        out = RESULTS / f"stellaris_{part}.json"
+        out = RESULTS / (args.out or f"stellaris_{part}.json")
         out.write_text(json.dumps(result, indent=1, default=float))
         summary = result.get("summary", result.get("rows"))
         print(json.dumps(summary, indent=1, default=float)[:6000])

@@ -289,7 +289,7 @@ def test_the_noise_groups_take_one_first_pass_gradient_per_batch_and_version():
         VALUE_MEAN_SQNORM,
     )
     from nitro.stellaris.jobs import GradientJob
-    from nitro.stellaris.round import NoiseGroups
+    from nitro.stellaris.noise import NoiseGroups
     from nitro.stellaris.wire import Gradient
 
     def landed(job: int, actor: str, version: int, epoch: int, policy: list[float], critic: float):
@@ -314,3 +314,167 @@ def test_the_noise_groups_take_one_first_pass_gradient_per_batch_and_version():
     lonely.add(*landed(0, "a", 0, 0, [1.0, 2.0], 2.0))
     lonely.add(*landed(1, "b", 1, 0, [3.0, 0.0], 0.0))
     assert lonely.diagnostics() == {}  # no version saw two batches: no measurement
+
+
+# -- the measured schedule: real arrivals --------------------------------------------------------
+
+
+def _measured_round(redis_client, redis_url, run_id: str, actors: int, **learner):
+    """A StellarisLearning on ``learner.schedule: measured`` and its plan for round 1: 2 slices per
+    actor, one pass, 2 learner functions (0.5 per actor, rounded up, for 3 actors); every batch
+    already in the cache (its bytes are never read: the parameter server's ``land`` is the test's)."""
+    from nitro.actors.events import ActorEvent
+    from nitro.cache import TrajectoryCache
+    from nitro.learners.behaviour import BehaviourPolicies
+    from nitro.stellaris.round import StellarisLearning
+    from nitro.validation import bounds_for
+
+    cfg = NitroConfig.load({"env_id": "CartPole-v1", "model": {"hidden": [8]}, "steps_per_actor": 64,
+                            "round_deadline_s": 30, "learner": {"mode": "stellaris", "slice_samples": 32, "epochs": 1,
+                                                                "schedule": "measured", **learner}})
+    spec = env_spec("CartPole-v1")
+    cache = TrajectoryCache(redis_client, run_id)
+    learner = PPOLearner(spec, cfg.ppo, seed=0, arch=cfg.model.architecture())
+    learning = StellarisLearning(cfg, learner, cache, run_id, BehaviourPolicies(spec, ARCH, atol=1e-5, rtol=1e-5),
+                                 bounds_for(spec, cfg.door))
+    events = [ActorEvent(run_id=run_id, round=1, invocation_id=f"{run_id}-r00001-{i:04d}", weights_key="w",
+                         env_id=spec.env_id, seed=i, n_steps=64, cache_url=redis_url) for i in range(actors)]
+    plan = learning.plan(1, events, "w", redis_url, {}, "att01")
+    assert plan.measured and plan.schedule is None and plan.lanes == 2
+    return learning, plan
+
+
+def _serve_in_thread(learning, plan):
+    """``_serve_arrivals`` on its own thread, as the parameter server's task runs it, with a ``land``
+    that keeps each answered job (a failed one is lost) and a ``step`` that records each group's
+    jobs and stalenesses and publishes the next version."""
+    import threading
+
+    from nitro.stellaris.round import Served
+    from nitro.stellaris.server import Landed
+
+    served = Served(batches={}, missing=[], corrupt={}, lost={}, staleness=[], adam_steps=0, metrics={}, busy_s=0.0)
+    groups: list[list[tuple[int, int]]] = []
+
+    def land(job, staleness):
+        if not learning._answers[job.invocation_id].ok:
+            learning._lose(job, "gradient lost: the function failed", served)
+            return None
+        return Landed(job, staleness)  # the job stands in for its gradient
+
+    def step(group):
+        groups.append([(x.gradient.job, x.staleness) for x in group])
+        learning.server.version += 1
+        learning._publish(1, plan.attempt)
+
+    thread = threading.Thread(target=learning._serve_arrivals, args=(plan, served, land, step), daemon=True)
+    thread.start()
+    return thread, served, groups
+
+
+def _until(condition, what: str, timeout_s: float = 20.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _ok(job):
+    from nitro.actors.events import ActorSummary
+
+    return ActorSummary(invocation_id=job.invocation_id, ok=True, steps=32)
+
+
+def test_measured_jobs_take_the_version_they_find_and_land_as_simulate_says(redis_client, redis_url):
+    """The hand-worked schedule of ``test_hand_worked_schedule_bound_0_trigger_k_2`` played by real
+    arrivals: 2 learner functions, bound 0, K = 2, the answers in the order the latencies give
+    (0, 2, 1, 3, 4). Each job is bound to the version published when it starts, beside the versions
+    the running jobs hold; a job waits for a free function; the parameter server's groups and
+    stalenesses are the simulation's."""
+    import dataclasses
+    import threading
+
+    from nitro.stellaris.jobs import snapshot_key
+    from nitro.stellaris.schedule import simulate
+
+    learning, plan = _measured_round(redis_client, redis_url, "measured", actors=3, functions_per_actor=0.5,
+                                     trigger_k=2)
+    plan = dataclasses.replace(plan, jobs=plan.jobs[:5], bound=0)
+    for job in plan.jobs:
+        redis_client.set(job.batch_key, b"landed")
+    thread, served, groups = _serve_in_thread(learning, plan)
+
+    def key(version: int) -> str:
+        return snapshot_key(learning.cache, 1, "att01", version)
+
+    jobs, started = plan.jobs, {}
+    started[0], started[1] = learning.start(jobs[0]), learning.start(jobs[1])
+    learning.answered(jobs[0], _ok(jobs[0]))
+    _until(lambda: learning._published == 1, "version 1")
+    started[2] = learning.start(jobs[2])
+    learning.answered(jobs[2], _ok(jobs[2]))
+    _until(lambda: learning._published == 2, "version 2")
+    started[3] = learning.start(jobs[3])
+    waiting = threading.Thread(target=lambda: started.__setitem__(4, learning.start(jobs[4])), daemon=True)
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive()  # both functions are busy (jobs 1 and 3)
+    learning.answered(jobs[1], _ok(jobs[1]))
+    waiting.join(10)
+    learning.answered(jobs[3], _ok(jobs[3]))
+    learning.answered(jobs[4], _ok(jobs[4]))
+    thread.join(10)
+    assert not thread.is_alive() and served.lost == {}
+
+    assert [started[j].snapshot_version for j in range(5)] == [0, 0, 1, 2, 2]
+    assert [started[j].snapshot_key for j in range(5)] == [key(v) for v in (0, 0, 1, 2, 2)]
+    assert [started[j].live_keys for j in range(5)] == [[], [], [key(0)], [key(0)], []]
+    assert groups == [[(0, 0)], [(2, 0)], [(1, 2), (3, 0)], [(4, 1)]]
+    want = simulate([0.0] * 5, [1.0, 3.0, 1.5, 1.0, 2.0], lanes=2, start_version=0, bound=0, trigger_k=2)
+    assert groups == [list(zip(a.jobs, a.staleness)) for a in want.applications]
+
+
+def test_measured_jobs_that_give_up_pass_the_gate_and_a_silent_function_is_lost(redis_client, redis_url):
+    """Actor 1 fails, so its two jobs give up at once (and answer, as ``compute`` does) without
+    holding the jobs behind them; job 0's function never answers. The parameter server applies
+    every other gradient, waits ``gradient_timeout_s`` for job 0 and stops: job 0 is lost, and
+    job 5, which had not started, does not start and is lost too."""
+    from nitro.actors.events import ActorSummary
+
+    learning, plan = _measured_round(redis_client, redis_url, "measured-lost", actors=3, functions_per_actor=0.5,
+                                     gradient_timeout_s=1.0)
+    jobs = plan.jobs
+    assert [j.actor_id[-1] for j in jobs] == ["0", "0", "1", "1", "2", "2"]
+    for job in (jobs[0], jobs[1], jobs[4], jobs[5]):
+        redis_client.set(job.batch_key, b"landed")
+    learning.cache.put_summary(1, jobs[2].actor_id,
+                               ActorSummary.failed(jobs[2].actor_id, "RuntimeError: env crashed").model_dump_json())
+    thread, served, groups = _serve_in_thread(learning, plan)
+
+    assert learning.start(jobs[0]).job == 0  # and never answers: it holds one function
+    for job in (jobs[2], jobs[3]):  # queued behind job 1, yet they give up before it starts
+        reason = learning.start(job)
+        assert reason == f"gradient job not started: actor {job.actor_id} failed, its batch will not land"
+        learning.answered(job, ActorSummary.failed(job.invocation_id, reason))
+    for job in (jobs[1], jobs[4]):  # one function between them
+        assert learning.start(job).job == job.job
+        learning.answered(job, _ok(job))
+    thread.join(15)
+    assert not thread.is_alive() and learning._flight.closed
+    assert learning.start(jobs[5]) == ("gradient job not started: the parameter server stopped waiting for the "
+                                       "round's gradients")
+    assert sorted(served.lost) == sorted(j.invocation_id for j in (jobs[0], jobs[2], jobs[3], jobs[5]))
+    assert served.lost[jobs[0].invocation_id] == served.lost[jobs[5].invocation_id] == (
+        "gradient lost: none landed within 1 s")
+    assert [job for group in groups for job, _ in group] == [1, 4]  # unbounded: each lands alone
+
+
+def test_the_schedule_is_measured_on_lambda_and_ray_unless_configured():
+    from nitro.config.learner import LearnerConfig
+
+    assert [LearnerConfig().schedule_on(kind) for kind in ("local", "lambda", "ray")] == [
+        "seeded", "measured", "measured"]
+    assert LearnerConfig(schedule="seeded").schedule_on("lambda") == "seeded"
+    assert LearnerConfig(schedule="measured").schedule_on("local") == "measured"

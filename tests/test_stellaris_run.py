@@ -1,7 +1,7 @@
 """Stellaris end to end: short runs with learner functions on the local pool and through the Lambda
-Invoke emulator, a run that repeats exactly (the seeded schedule), a killed run that resumes and
-bills its dead round once, and a failed, a slow and a corrupt gradient each handled with a
-one-line reason and nothing else lost."""
+Invoke emulator (the measured schedule), a run that repeats exactly (the seeded schedule), a
+killed run that resumes and bills its dead round once, and a failed, a slow and a corrupt
+gradient each handled with a one-line reason and nothing else lost."""
 
 from __future__ import annotations
 
@@ -73,6 +73,8 @@ def test_a_stellaris_run_repeats_exactly_and_bills_its_functions(prefect_api, re
 
 
 def test_a_stellaris_run_through_the_lambda_invoke_api(prefect_api, redis_url, tmp_path, monkeypatch):
+    """On Lambda the schedule is measured by default: the jobs take the versions they find and the
+    parameter server applies the gradients as they land, one step and one version per group."""
     aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     for var, value in aws.items():
         monkeypatch.setenv(var, value)
@@ -89,6 +91,9 @@ def test_a_stellaris_run_through_the_lambda_invoke_api(prefect_api, redis_url, t
         )
     assert result.rounds_done == 2
     assert history["ppo/stellaris_gradients"] == [8.0, 8.0] and history["ppo/stellaris_gradients_lost"] == [0.0, 0.0]
+    assert history["ppo/sgd_steps"] == history["ppo/stellaris_versions"]
+    assert all(1 <= v <= 8 for v in history["ppo/stellaris_versions"])
+    assert history["ppo/stellaris_version"][-1] == sum(history["ppo/stellaris_versions"])  # one version a group
 
 
 def test_a_killed_stellaris_run_resumes_and_bills_the_dead_round_once(tmp_path, prefect_api):

@@ -19,9 +19,10 @@ from nitro.config.backend import Section
 
 
 class LatencyConfig(Section):
-    """The seeded latencies of learner functions from which a round's gradient schedule is drawn:
-    which snapshot each function computes against and the order its gradient lands in. Real
-    functions run the schedule, so a run repeats exactly whatever the machine's timing."""
+    """The seeded latencies of learner functions from which a round's gradient schedule is drawn
+    (``learner.schedule: seeded``): which snapshot each function computes against and the order its
+    gradient lands in. Real functions run the schedule, so a run repeats exactly whatever the
+    machine's timing."""
 
     cold_s: float = Field(0.25, ge=0, description="a function instance's first job: start-up included")
     warm_s: float = Field(0.02, ge=0, description="a warm instance's fixed cost per job (fetch, load)")
@@ -57,6 +58,12 @@ class LearnerConfig(Section):
                                       "gradient, and a job for its batch and snapshot")
     server_per_hour: float = Field(0.085, ge=0, description="the parameter server's instance (c5.large): it applies "
                                    "gradients and no longer computes them")
+    schedule: Literal["seeded", "measured"] | None = Field(
+        None, description="where each gradient's snapshot and staleness come from. seeded: a schedule drawn "
+        "from the run's seed and learner.latency, which real functions then run, so a run repeats exactly; "
+        "measured: real arrivals, a job computes against the version the parameter server has when it "
+        "starts and its staleness is what it finds when it lands (the official code's behaviour). None: "
+        "measured on Lambda and Ray, seeded on local workers")
     latency: LatencyConfig = Field(default_factory=LatencyConfig)
 
     @model_validator(mode="before")
@@ -67,6 +74,13 @@ class LearnerConfig(Section):
         if isinstance(data, dict) and "apply" in data:
             data = {k: v for k, v in data.items() if k != "apply"}
         return data
+
+    def schedule_on(self, backend_kind: str) -> Literal["seeded", "measured"]:
+        """The schedule a run on ``backend_kind`` uses: the configured one, or by default the
+        arrivals that real functions make, except on local workers, whose tests need a run to repeat."""
+        if self.schedule is not None:
+            return self.schedule
+        return "seeded" if backend_kind == "local" else "measured"
 
     def functions_for(self, n_actors: int) -> int:
         """Learner functions at once for a round of ``n_actors`` training actors: a boosted round

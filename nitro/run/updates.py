@@ -268,12 +268,14 @@ class StellarisUpdate:
         return plan
 
     def compute(self, job: GradientJob, backend: Backend) -> ActorSummary:
-        """Start the job once its batch has landed and its snapshot is published; its answer (a job
-        that cannot start or whose function fails included) goes to the parameter server at once."""
-        reason = self.learning.wait_for_inputs(job)
-        if reason is None:
+        """Start the job when the round's schedule lets it (``StellarisLearning.start``); its answer (a
+        job that cannot start or whose function fails included) goes to the parameter server at once."""
+        started = self.learning.start(job)
+        if isinstance(started, str):
+            summary = ActorSummary.failed(job.invocation_id, started)
+        else:
             self.cache.mark_started(job.round, job.invocation_id)  # a resume bills it from here on
-        summary = ActorSummary.failed(job.invocation_id, reason) if reason else backend.invoke(job)
+            summary = backend.invoke(started)
         self.learning.answered(job, summary)
         return summary
 
@@ -284,7 +286,8 @@ class StellarisUpdate:
         corrupt = {**served.corrupt, **served.lost}
         answers = {inv: ActorSummary.model_validate_json(raw) for inv, raw in self.cache.get_summaries(
             k, sorted({j.actor_id for j in plan.jobs}) + [j.invocation_id for j in plan.jobs]).items()}
-        projected, learning = self.learning.projected_update_s(plan, answers, self.config.clock.invoke_s, served.busy_s)
+        projected, learning = self.learning.projected_update_s(plan, answers, self.config.clock.invoke_s,
+                                                               served.busy_s, served.versions)
         profiles = [answers[j.invocation_id].profile for j in plan.jobs
                     if j.invocation_id in answers and answers[j.invocation_id].profile]
         profile = {f"stellaris_job_{part}": sum(p.get(part, 0.0) for p in profiles) / len(profiles)

@@ -1,17 +1,26 @@
 """One Stellaris round on the learner's side: plan the gradient jobs, then serve them.
 
 ``plan``: the round's batches are cut into slices, ``epochs`` passes of jobs in FIFO order (pass,
-actor, slice); a discrete-event schedule drawn from the run's seed (``nitro.stellaris.schedule``)
-says which snapshot version each job computes against, which versions are live beside it, and in
-which order the parameter server applies the gradients. ``serve``: the parameter server waits for
-each gradient in that order (never past ``gradient_timeout_s``), checks it at the door, applies it
-and publishes each new version as the schedule says. Real functions run the jobs, on any backend,
-so a run repeats exactly; the schedule's clock, replayed with the measured durations, is the
-round's projected learner time.
+actor, slice). Which snapshot version each job computes against, and which gradients the
+parameter server applies together, come from one of two schedules (``learner.schedule``):
+
+* seeded: a discrete-event schedule drawn from the run's seed (``nitro.stellaris.schedule``) names
+  each job's version and the versions live beside it; ``serve`` waits for each gradient in the
+  schedule's order (never past ``gradient_timeout_s``), checks it at the door, applies the
+  schedule's groups and publishes each new version. Real functions run the jobs, on any backend,
+  so a run repeats exactly.
+* measured: the jobs start in FIFO order on ``lanes`` learner functions at once, each against the
+  version published when it starts (the versions other running jobs hold are its live ones);
+  ``serve`` takes the gradients as they land, reads each one's staleness at its landing and
+  applies the pending ones whenever the trigger (``nitro.stellaris.aggregation.should_apply``)
+  says so. The staleness is what the functions' real timing made it; a run does not repeat.
+
+Either way the schedule replayed with the measured durations is the round's projected learner time.
 
 Stated rules: a job whose batch never lands, whose function fails, or whose gradient is late or
-fails the door is lost: its slice is not trained on in this round, the version still advances (so
-no job waits for a gradient that will not come), and the loss is counted with its one-line reason.
+fails the door is lost: its slice is not trained on in this round, the schedule's version still
+advances (so no job waits for a gradient that will not come), and the loss is counted with its
+one-line reason.
 Each application is one group (what the trigger collected): the learner's ``apply_gradients``
 takes one step on its gradients' mean, weighted by samples and staleness, and one version is
 published. At the end of the round the learner's ``close_update`` adapts the KL coefficient and
@@ -27,6 +36,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,11 +46,11 @@ from nitro.cache import TrajectoryCache
 from nitro.config import NitroConfig
 from nitro.learners import Progress
 from nitro.learners.behaviour import BehaviourPolicies
-from nitro.learners.fragments import SECONDS as NOISE_SECONDS, FragmentSums
 from nitro.learners.ppo import PPOLearner
-from nitro.scaling.noise import diagnostics_of, measurement_from, pool_measurements
-from nitro.stellaris.aggregation import BoundState
+from nitro.stellaris.aggregation import BoundState, should_apply
+from nitro.stellaris.arrivals import InFlight
 from nitro.stellaris.jobs import GradientJob, gradient_job_id, gradient_key, snapshot_key
+from nitro.stellaris.noise import NoiseGroups
 from nitro.stellaris.schedule import GradientSchedule, LatencyModel, simulate
 from nitro.stellaris.server import Landed, ParameterServer
 from nitro.stellaris.wire import Gradient, GradientError, check_gradient
@@ -56,10 +66,11 @@ class GradientPlan:
     """A round's gradient jobs and the schedule they run to (empty when the round trains no actor)."""
 
     jobs: list[GradientJob] = field(default_factory=list)
-    schedule: dict | None = None  # GradientSchedule.to_dict(): plain data, as Prefect passes it
+    schedule: dict | None = None  # seeded: GradientSchedule.to_dict(), plain data as Prefect passes it
     lanes: int = 0
-    bound: int | None = None  # the staleness bound the schedule was drawn with
+    bound: int | None = None  # the staleness bound of the round's trigger
     attempt: str = ""  # this attempt at the round: its snapshots and gradients are its own
+    measured: bool = False  # the jobs take the version they find and land as they land (no schedule)
 
 
 @dataclass
@@ -74,37 +85,7 @@ class Served:
     adam_steps: int
     metrics: dict[str, float]
     busy_s: float
-
-
-class NoiseGroups:
-    """The round's gradient noise from the functions' own gradients (``nitro.scaling.noise``): the
-    first pass's gradients, one per actor batch (its first slice to land) for each snapshot version,
-    each version's gradients a group of fragments at one point; the groups pooled. A later pass
-    re-reads the same samples, and two slices of one batch share its trajectories: neither is a new
-    fragment. Costs a few norms of gradients the parameter server holds anyway."""
-
-    def __init__(self) -> None:
-        self.groups: dict[int, FragmentSums] = {}
-        self.seen: set[tuple[int, str]] = set()
-        self.seconds = 0.0
-
-    def add(self, job: GradientJob, gradient: Gradient) -> None:
-        if job.epoch != 0 or (job.snapshot_version, job.actor_id) in self.seen:
-            return
-        started = time.perf_counter()
-        self.seen.add((job.snapshot_version, job.actor_id))
-        g = gradient.gradients()
-        self.groups.setdefault(job.snapshot_version, FragmentSums()).add(g.tensors, g.samples)
-        self.seconds += time.perf_counter() - started
-
-    def diagnostics(self) -> dict[str, float]:
-        """The pooled measurement as the sync learner reports one; empty when no version had two."""
-        started = time.perf_counter()
-        measured = [m for m in (measurement_from(s.norms()) for s in self.groups.values()) if m is not None]
-        pooled = pool_measurements(measured)
-        if pooled is None:
-            return {}
-        return diagnostics_of(pooled) | {NOISE_SECONDS: self.seconds + time.perf_counter() - started}
+    versions: int = 0  # versions published: one per group applied
 
 
 class StellarisLearning:
@@ -124,6 +105,7 @@ class StellarisLearning:
         self._signal = threading.Condition()
         self._published = -1
         self._answers: dict[str, ActorSummary] = {}
+        self._flight = InFlight()
 
     # -- sizes ------------------------------------------------------------------------------------
 
@@ -149,10 +131,31 @@ class StellarisLearning:
         if not train:
             return GradientPlan()
         cfg = self.config.learner
-        self._answers.clear()
-        self._publish(k, attempt)  # the round's first version, under the round's own prefix
         order = [(epoch, a, s) for epoch in range(self.epochs) for a in range(len(train)) for s in range(self.slices)]
         lanes = cfg.functions_for(len(train))
+        with self._signal:
+            self._answers.clear()
+            self._flight = InFlight(measured=cfg.schedule_on(self.config.backend.kind) == "measured", lanes=lanes,
+                                    attempt=attempt)
+        self._publish(k, attempt)  # the round's first version, under the round's own prefix
+        bound = self.bound_now()
+
+        def job(index: int, version: int, live: list[int]) -> GradientJob:
+            epoch, a, s = order[index]
+            actor = train[a]
+            return GradientJob(
+                run_id=self.run_id, round=k, invocation_id=gradient_job_id(self.run_id, k, attempt, index), job=index,
+                env_id=self.config.env_id, snapshot_key=snapshot_key(self.cache, k, attempt, version),
+                snapshot_version=version, behaviour_key=weights_key,
+                live_keys=[snapshot_key(self.cache, k, attempt, v) for v in live],
+                actor_id=actor.invocation_id, batch_key=self.cache.batch_key(k, actor.invocation_id),
+                seed=actor.seed, epoch=epoch, slice=s, slice_samples=cfg.slice_samples,
+                cache_url=actor_cache_url, cache_credentials=actor_credentials, ttl_s=self.cache.ttl_s)
+
+        if self._flight.measured:
+            # the version each job names is the round's first: the one it takes is bound as it starts
+            return GradientPlan([job(j, self.server.version, []) for j in range(len(order))], None, lanes, bound,
+                                attempt, measured=True)
         rng = np.random.default_rng([self.config.seed, k, 0x57E11A])
         model = LatencyModel(cold_s=cfg.latency.cold_s, warm_s=cfg.latency.warm_s,
                              per_sample_s=cfg.latency.per_sample_s, jitter=cfg.latency.jitter)
@@ -160,25 +163,14 @@ class StellarisLearning:
                                jitter=cfg.latency.jitter).draw([0] * len(train), rng, [True] * len(train))
         cold = [j < lanes and j >= self.warm_lanes for j in range(len(order))]
         latency = model.draw([min(cfg.slice_samples, self.config.steps_per_actor)] * len(order), rng, cold)
-        bound = self.bound_now()
         schedule = simulate([landing[a] for _, a, _ in order], latency, lanes=lanes,
                             start_version=self.server.version, bound=bound,
                             trigger_k=cfg.trigger_k or lanes)
         self.warm_lanes = max(self.warm_lanes, lanes)
-        jobs = []
-        for sj, (epoch, a, s) in zip(schedule.jobs, order):
-            live = sorted({o.snapshot_version for o in schedule.jobs
-                           if o.start_s <= sj.start_s < o.end_s and o.snapshot_version != sj.snapshot_version})
-            actor = train[a]
-            inv = gradient_job_id(self.run_id, k, attempt, sj.job)
-            jobs.append(GradientJob(
-                run_id=self.run_id, round=k, invocation_id=inv, job=sj.job, env_id=self.config.env_id,
-                snapshot_key=snapshot_key(self.cache, k, attempt, sj.snapshot_version),
-                snapshot_version=sj.snapshot_version, behaviour_key=weights_key,
-                live_keys=[snapshot_key(self.cache, k, attempt, v) for v in live],
-                actor_id=actor.invocation_id, batch_key=self.cache.batch_key(k, actor.invocation_id),
-                seed=actor.seed, epoch=epoch, slice=s, slice_samples=cfg.slice_samples,
-                cache_url=actor_cache_url, cache_credentials=actor_credentials, ttl_s=self.cache.ttl_s))
+        jobs = [job(sj.job, sj.snapshot_version,
+                    sorted({o.snapshot_version for o in schedule.jobs
+                            if o.start_s <= sj.start_s < o.end_s and o.snapshot_version != sj.snapshot_version}))
+                for sj in schedule.jobs]
         return GradientPlan(jobs, schedule.to_dict(), lanes, bound, attempt)
 
     def _publish(self, k: int, attempt: str) -> None:
@@ -192,13 +184,27 @@ class StellarisLearning:
 
     # -- a job's start ----------------------------------------------------------------------------
 
-    def wait_for_inputs(self, job: GradientJob) -> str | None:
-        """Block until the job's batch is in the cache and its snapshot is published (None), or say
-        in one line why they never will be: the actor failed, or the round's deadline for its actors
-        passed (a snapshot always comes: the parameter server waits for no gradient past its own
-        deadline)."""
+    def start(self, job: GradientJob) -> GradientJob | str:
+        """Block until the job may start, and return it as it starts, or say in one line why it never
+        will: its actor failed, or the round's deadline for its actors passed. Seeded: once its
+        batch is in the cache and its snapshot is published (a snapshot always comes: the parameter
+        server waits for no gradient past its own deadline). Measured: once its batch is in the
+        cache, the job ahead of it has started or given up, and one of the round's learner functions
+        is free; it is bound to the version published then, beside the versions the running jobs hold."""
         wait_s = self.config.round_deadline_s
         deadline = time.perf_counter() + wait_s
+        reason = self._wait_for_batch(job, deadline, wait_s)
+        if self._flight.measured:
+            return self._take_lane(job, reason, deadline, wait_s)
+        if reason is not None:
+            return reason
+        with self._signal:
+            if self._signal.wait_for(lambda: self._published >= job.snapshot_version,
+                                     timeout=max(0.0, deadline - time.perf_counter())):
+                return job
+        return f"gradient job not started: its snapshot was not published within {wait_s:g} s"
+
+    def _wait_for_batch(self, job: GradientJob, deadline: float, wait_s: float) -> str | None:
         client = self.cache.client
         while not client.exists(job.batch_key):
             raw = client.get(self.cache.summary_key(job.round, job.actor_id))
@@ -207,53 +213,77 @@ class StellarisLearning:
             if time.perf_counter() > deadline:
                 return f"gradient job not started: its batch was not in the cache within {wait_s:g} s"
             time.sleep(POLL_S)
+        return None
+
+    def _take_lane(self, job: GradientJob, reason: str | None, deadline: float, wait_s: float) -> GradientJob | str:
+        """The measured start gate: FIFO over the round's jobs, at most ``lanes`` running. A job that
+        gives up passes the gate too, so the jobs behind it never wait for it."""
+        flight = self._flight
         with self._signal:
-            if self._signal.wait_for(lambda: self._published >= job.snapshot_version,
-                                     timeout=max(0.0, deadline - time.perf_counter())):
-                return None
-        return f"gradient job not started: its snapshot was not published within {wait_s:g} s"
+            if reason is None:
+                free = self._signal.wait_for(lambda: flight.may_start(job.job),
+                                             timeout=max(0.0, deadline - time.perf_counter()))
+                if flight.closed:
+                    reason = "gradient job not started: the parameter server stopped waiting for the round's gradients"
+                elif not free:
+                    reason = f"gradient job not started: no learner function was free within {wait_s:g} s"
+            flight.pass_gate(job.job)
+            self._signal.notify_all()
+            if reason is not None:
+                return reason
+            return flight.bind(job, self._published, lambda v: snapshot_key(self.cache, job.round, flight.attempt, v))
 
     def answered(self, job: GradientJob, summary: ActorSummary) -> None:
         """A job's answer, for the parameter server; a failed one is also left in the cache, where a
-        resumed run bills it (the function leaves its own when it can)."""
+        resumed run bills it (the function leaves its own when it can). Frees its learner function."""
         if not summary.ok:
             self.cache.put_summary(job.round, job.invocation_id, summary.model_dump_json())
         with self._signal:
             self._answers[job.invocation_id] = summary
+            if job.invocation_id in self._flight.started:  # a job of this round's that held a function
+                self._flight.running.pop(job.job, None)
+            self._flight.answers.append(job.invocation_id)
             self._signal.notify_all()
 
     # -- serving ----------------------------------------------------------------------------------
 
     def serve(self, k: int, plan: GradientPlan) -> Served:
-        """Apply the round's gradients in the schedule's order, one group (the schedule's
-        application) in one step and one published version at a time (see the module docstring),
-        then close the learner's update: the KL coefficient adapts and the statistics merge."""
+        """Apply the round's gradients one group in one step and one published version at a time,
+        in the schedule's order or as they land (see the module docstring), then close the
+        learner's update: the KL coefficient adapts and the statistics merge."""
         served = Served(batches={}, missing=[], corrupt={}, lost={}, staleness=[], adam_steps=0, metrics={}, busy_s=0.0)
-        if not plan.jobs or plan.schedule is None:
+        if not plan.jobs:
             return served
-        schedule = GradientSchedule.from_dict(plan.schedule)
         behaviour_policy = copy.deepcopy(self.learner.policy)  # what the actors act with this round
         progress = Progress(k + 1, self.config.rounds)  # round k's batches: what sync's round k+1 trains on
         sums: dict[str, float] = {}
         noise = NoiseGroups() if self.config.scaler.measures_noise else None
-        for application in schedule.applications:
-            landed = []
-            for j, staleness in zip(application.jobs, application.staleness):
-                job = plan.jobs[j]
-                gradient = self._receive(job, served)
-                started = time.perf_counter()
-                if gradient is not None:
-                    landed.append(Landed(gradient, staleness))
-                    served.staleness.append(staleness)
-                    if noise is not None:
-                        noise.add(job, gradient)
-                    for name, value in gradient.metrics.items():
-                        sums[name] = sums.get(name, 0.0) + value
-                served.busy_s += time.perf_counter() - started
+
+        def land(job: GradientJob, staleness: int) -> Landed | None:
+            gradient = self._receive(job, served)
+            if gradient is None:
+                return None
+            served.staleness.append(staleness)
+            if noise is not None:
+                noise.add(job, gradient)
+            for name, value in gradient.metrics.items():
+                sums[name] = sums.get(name, 0.0) + value
+            return Landed(gradient, staleness)
+
+        def step(group: list[Landed]) -> None:
             started = time.perf_counter()
-            served.adam_steps += self.server.apply(landed, progress)
+            served.adam_steps += self.server.apply(group, progress)
             self._publish(k, plan.attempt)
+            served.versions += 1
             served.busy_s += time.perf_counter() - started
+
+        if plan.measured:
+            self._serve_arrivals(plan, served, land, step)
+        else:
+            assert plan.schedule is not None  # a seeded plan with jobs carries its schedule
+            for application in GradientSchedule.from_dict(plan.schedule).applications:
+                step([x for x in (land(plan.jobs[j], s) for j, s in zip(application.jobs, application.staleness))
+                      if x is not None])
         started = time.perf_counter()
         closed = self.learner.close_update(list(served.batches.values()), behaviour_policy) if served.batches else {}
         served.busy_s += time.perf_counter() - started
@@ -265,11 +295,50 @@ class StellarisLearning:
             "stellaris_gradients": float(applied), "stellaris_gradients_lost": float(len(served.lost)),
             "stellaris_staleness_mean": mean_staleness,
             "stellaris_staleness_max": float(max(served.staleness, default=0)),
-            "stellaris_bound": float(self.bound_now() or -1), "stellaris_versions": float(len(schedule.applications)),
+            "stellaris_bound": float(self.bound_now() or -1), "stellaris_versions": float(served.versions),
             "stellaris_lanes": float(plan.lanes), "stellaris_version": float(self.server.version),
             "sgd_steps": float(served.adam_steps), "kl_coef": self.learner.kl_coef,
         } | closed | (noise.diagnostics() if noise is not None else {})
         return served
+
+    def _serve_arrivals(self, plan: GradientPlan, served: Served, land: Callable[[GradientJob, int], Landed | None],
+                        step: Callable[[list[Landed]], None]) -> None:
+        """The measured round: each answer as it comes, its staleness read when it lands, and the
+        pending gradients applied whenever the trigger fires. When no answer comes within
+        ``gradient_timeout_s`` the jobs still out are lost and no job starts any more; the
+        gradients still pending at the end are applied together (nothing computed is dropped)."""
+        waiting = {job.invocation_id: job for job in plan.jobs}
+        trigger_k = self.config.learner.trigger_k or plan.lanes
+        timeout_s = self.config.learner.gradient_timeout_s
+        flight, read, pending = self._flight, 0, []
+        while waiting:
+            with self._signal:
+                deadline = time.perf_counter() + timeout_s
+                while len(flight.answers) == read and (left := deadline - time.perf_counter()) > 0:
+                    self._signal.wait(left)
+                if len(flight.answers) == read:  # none within the timeout: the jobs still out are lost
+                    flight.closed = True
+                    self._signal.notify_all()
+                arrived = [flight.started.get(inv, waiting[inv]) for inv in flight.answers[read:] if inv in waiting]
+                read = len(flight.answers)
+            if flight.closed:
+                for job in waiting.values():
+                    self._lose(job, f"gradient lost: none landed within {timeout_s:g} s", served)
+                break
+            for job in arrived:
+                del waiting[job.invocation_id]
+                landed = land(job, self.server.version - job.snapshot_version)
+                if landed is not None:
+                    pending.append(landed)
+                if should_apply([x.staleness for x in pending], plan.bound, trigger_k):
+                    step(pending)
+                    pending = []
+        if pending:
+            step(pending)
+
+    def _lose(self, job: GradientJob, reason: str, served: Served) -> None:
+        log.warning("round %d: %s: %s", job.round, job.invocation_id, reason)
+        served.lost[job.invocation_id] = reason
 
     def _receive(self, job: GradientJob, served: Served) -> Gradient | None:
         """The job's gradient once it is in the cache and passes the door (its batch too); None, with
@@ -285,8 +354,7 @@ class StellarisLearning:
                                       snapshot_version=job.snapshot_version)
             except GradientError as exc:
                 reason = f"gradient dropped at the door: {exc}"
-        log.warning("round %d: %s: %s", job.round, job.invocation_id, reason)
-        served.lost[job.invocation_id] = reason
+        self._lose(job, reason, served)
         return None
 
     def _wait_gradient(self, job: GradientJob) -> bytes | str:
@@ -327,7 +395,7 @@ class StellarisLearning:
     # -- the clock and the budget -----------------------------------------------------------------
 
     def projected_update_s(self, plan: GradientPlan, answers: dict[str, ActorSummary], invoke_s: float,
-                           busy_s: float) -> tuple[float, float]:
+                           busy_s: float, versions: int) -> tuple[float, float]:
         """The schedule replayed with what was measured: each batch lands ``invoke_s`` + its
         actor's duration after the round's start, each job takes ``invoke_s`` + its function's
         duration, each version takes its share of the parameter server's measured ``busy_s``. The
@@ -342,7 +410,6 @@ class StellarisLearning:
 
         ready = [took(j.actor_id) for j in plan.jobs]
         latency = [took(j.invocation_id) for j in plan.jobs]
-        versions = len(plan.schedule["applications"]) if plan.schedule else 1
         replay = simulate(ready, latency, lanes=plan.lanes, start_version=0, bound=plan.bound,
                           trigger_k=self.config.learner.trigger_k or plan.lanes, apply_s=busy_s / max(versions, 1))
         end = max(replay.makespan_s, min(ready) + busy_s)
