@@ -260,14 +260,16 @@ class StellarisLearning:
         noise = NoiseGroups() if self.config.scaler.measures_noise else None
 
         def land(job: GradientJob, staleness: int) -> Landed | None:
-            gradient = self._receive(job, served)
+            gradient = self._receive(job, served)  # the wait for it is not the server's work
             if gradient is None:
                 return None
+            started = time.perf_counter()
             served.staleness.append(staleness)
             if noise is not None:
                 noise.add(job, gradient)
             for name, value in gradient.metrics.items():
                 sums[name] = sums.get(name, 0.0) + value
+            served.busy_s += time.perf_counter() - started
             return Landed(gradient, staleness)
 
         def step(group: list[Landed]) -> None:
