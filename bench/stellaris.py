@@ -74,8 +74,7 @@ def run(env_id: str, arm: str, seed: int, rounds: int, extra: list[str], tag: st
     keep = ("round", "spend_round_usd", "round_lambda_s", "round_s", "learner_s", "actor_s", "eval_return_mean",
             "eval_stochastic_return_mean", "ppo/stellaris_staleness_mean", "ppo/stellaris_projected_s",
             "ppo/stellaris_gradients_lost", "ppo/stellaris_learning_s", "ppo/sgd_steps", "ppo/stellaris_versions",
-            "spend_learner_usd",
-            "spend_lambda_compute_usd")
+            "spend_learner_usd", "spend_lambda_compute_usd")
     rows = [{k: r.get(k) for k in keep} for r in state["history"]]
     print(f"  {env_id} {arm} seed {seed}: {len(rows)} rounds in {time.perf_counter() - started:.0f} s, "
           f"spend ${sum(r['spend_round_usd'] for r in rows):.4f}", flush=True)

@@ -372,15 +372,6 @@ def _serve_in_thread(learning, plan):
     return thread, served, groups
 
 
-def _until(condition, what: str, timeout_s: float = 20.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 def _ok(job):
     from nitro.actors.events import ActorSummary
 
@@ -398,6 +389,7 @@ def test_measured_jobs_take_the_version_they_find_and_land_as_simulate_says(redi
 
     from nitro.stellaris.jobs import snapshot_key
     from nitro.stellaris.schedule import simulate
+    from tests.support.servers import wait_until
 
     learning, plan = _measured_round(redis_client, redis_url, "measured", actors=3, functions_per_actor=0.5,
                                      trigger_k=2)
@@ -412,10 +404,10 @@ def test_measured_jobs_take_the_version_they_find_and_land_as_simulate_says(redi
     jobs, started = plan.jobs, {}
     started[0], started[1] = learning.start(jobs[0]), learning.start(jobs[1])
     learning.answered(jobs[0], _ok(jobs[0]))
-    _until(lambda: learning._published == 1, "version 1")
+    wait_until(lambda: learning._published == 1, 20, "version 1", every_s=0.01)
     started[2] = learning.start(jobs[2])
     learning.answered(jobs[2], _ok(jobs[2]))
-    _until(lambda: learning._published == 2, "version 2")
+    wait_until(lambda: learning._published == 2, 20, "version 2", every_s=0.01)
     started[3] = learning.start(jobs[3])
     waiting = threading.Thread(target=lambda: started.__setitem__(4, learning.start(jobs[4])), daemon=True)
     waiting.start()
