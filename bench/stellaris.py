@@ -49,6 +49,7 @@ from _common import RESULTS, isolated_home, machine, run_overrides
 from nitro.experiments.aggregate import improvement_probability
 from nitro.experiments.stats import ratio_ci
 
+PROFILE = ("ppo/stellaris_server_", "ppo/stellaris_job_")  # where the parameter server's and a job's time goes
 THRESHOLDS = {"Hopper-v5": 400.0, "Walker2d-v5": 300.0}
 ARMS = {
     "sync": [],
@@ -75,7 +76,8 @@ def run(env_id: str, arm: str, seed: int, rounds: int, extra: list[str], tag: st
             "eval_stochastic_return_mean", "ppo/stellaris_staleness_mean", "ppo/stellaris_projected_s",
             "ppo/stellaris_gradients_lost", "ppo/stellaris_learning_s", "ppo/sgd_steps", "ppo/stellaris_versions",
             "spend_learner_usd", "spend_lambda_compute_usd")
-    rows = [{k: r.get(k) for k in keep} for r in state["history"]]
+    rows = [{k: r.get(k) for k in keep} | {k: v for k, v in r.items() if k.startswith(PROFILE)}
+            for r in state["history"]]
     print(f"  {env_id} {arm} seed {seed}: {len(rows)} rounds in {time.perf_counter() - started:.0f} s, "
           f"spend ${sum(r['spend_round_usd'] for r in rows):.4f}", flush=True)
     return {"env_id": env_id, "arm": arm, "seed": seed, "rounds": rows, "wall_s": time.perf_counter() - started}
@@ -160,7 +162,8 @@ def boost(args: argparse.Namespace) -> dict:
             rows.append({"actors": n, "arm": arm, "learner_projected_s": learner,
                          "round_lambda_s": last["round_lambda_s"], "learner_busy_s": last["learner_s"],
                          "staleness_mean": last.get("ppo/stellaris_staleness_mean"),
-                         "sgd_steps": last.get("ppo/sgd_steps"), "versions": last.get("ppo/stellaris_versions")})
+                         "sgd_steps": last.get("ppo/sgd_steps"), "versions": last.get("ppo/stellaris_versions")}
+                        | {k.removeprefix("ppo/"): v for k, v in last.items() if k.startswith(PROFILE)})
             print(f"  boost {n} {arm}: learner {learner:.2f} s, round {last['round_lambda_s']:.2f} s", flush=True)
     base = {arm: next(r["learner_projected_s"] for r in rows if r["arm"] == arm and r["actors"] == args.boost[0])
             for arm in {r["arm"] for r in rows}}

@@ -344,10 +344,11 @@ def _measured_round(redis_client, redis_url, run_id: str, actors: int, **learner
     return learning, plan
 
 
-def _serve_in_thread(learning, plan):
+def _serve_in_thread(learning, plan, busy=None):
     """``_serve_arrivals`` on its own thread, as the parameter server's task runs it, with a ``land``
     that keeps each answered job (a failed one is lost) and a ``step`` that records each group's
-    jobs and stalenesses and publishes the next version."""
+    jobs and stalenesses and publishes the next version (once ``busy`` is set, when given: the
+    server stays busy in its step until then)."""
     import threading
 
     from nitro.stellaris.round import Served
@@ -364,6 +365,8 @@ def _serve_in_thread(learning, plan):
 
     def step(group):
         groups.append([(x.gradient.job, x.staleness) for x in group])
+        if busy is not None:
+            assert busy.wait(20)
         learning.server.version += 1
         learning._publish(1, plan.attempt)
 
@@ -416,6 +419,7 @@ def test_measured_jobs_take_the_version_they_find_and_land_as_simulate_says(redi
     learning.answered(jobs[1], _ok(jobs[1]))
     waiting.join(10)
     learning.answered(jobs[3], _ok(jobs[3]))
+    wait_until(lambda: learning._published == 3, 20, "version 3", every_s=0.01)  # else 3 and 4 land as one
     learning.answered(jobs[4], _ok(jobs[4]))
     thread.join(10)
     assert not thread.is_alive() and served.lost == {}
@@ -426,6 +430,35 @@ def test_measured_jobs_take_the_version_they_find_and_land_as_simulate_says(redi
     assert groups == [[(0, 0)], [(2, 0)], [(1, 2), (3, 0)], [(4, 1)]]
     want = simulate([0.0] * 5, [1.0, 3.0, 1.5, 1.0, 2.0], lanes=2, start_version=0, bound=0, trigger_k=2)
     assert groups == [list(zip(a.jobs, a.staleness)) for a in want.applications]
+
+
+def test_answers_that_come_while_the_server_is_busy_land_as_one_group(redis_client, redis_url):
+    """Unbounded (round 1), K = 9: job 0 lands alone and the server stays busy in its step; jobs 1
+    and 2 (both bound to v0) answer meanwhile. Once free, the server takes both at v1 and checks
+    the trigger once: one group, staleness 1 each, not two versions."""
+    import dataclasses
+    import threading
+
+    from tests.support.servers import wait_until
+
+    learning, plan = _measured_round(redis_client, redis_url, "busy", actors=3, functions_per_actor=0.5, trigger_k=9)
+    plan = dataclasses.replace(plan, jobs=plan.jobs[:3], bound=None)
+    for job in plan.jobs:
+        redis_client.set(job.batch_key, b"landed")
+    busy = threading.Event()
+    thread, served, groups = _serve_in_thread(learning, plan, busy)
+    jobs = plan.jobs
+    started = [learning.start(jobs[0]), learning.start(jobs[1])]
+    learning.answered(jobs[0], _ok(jobs[0]))
+    wait_until(lambda: len(groups) == 1, 20, "the first group", every_s=0.01)
+    started.append(learning.start(jobs[2]))  # job 0's function is free; v1 is not published yet
+    learning.answered(jobs[1], _ok(jobs[1]))
+    learning.answered(jobs[2], _ok(jobs[2]))
+    busy.set()
+    thread.join(10)
+    assert not thread.is_alive() and served.lost == {}
+    assert [j.snapshot_version for j in started] == [0, 0, 0]
+    assert groups == [[(0, 0)], [(1, 1), (2, 1)]]
 
 
 def test_measured_jobs_that_give_up_pass_the_gate_and_a_silent_function_is_lost(redis_client, redis_url):

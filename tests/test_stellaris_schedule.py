@@ -161,6 +161,26 @@ def test_apply_time_hides_an_application_from_a_job_that_starts_before_it_ends()
     assert schedule.makespan_s == 2.5
 
 
+def test_landings_while_the_server_is_busy_form_one_group():
+    # 3 lanes, latencies 1, 1.2, 1.4, apply_s 0.5, unbounded: job 0 lands at 1 and is applied alone
+    # (busy until 1.5); jobs 1 and 2 land at 1.2 and 1.4 while it is busy, and at 1.5 the server takes
+    # both at v1 (staleness 1 each), checks the trigger once and applies them as one group (ends at 2).
+    schedule = simulate([0.0] * 3, [1.0, 1.2, 1.4], lanes=3, start_version=0, bound=None, trigger_k=9, apply_s=0.5)
+    assert schedule.applications == (Application(version=0, jobs=(0,), staleness=(0,)),
+                                     Application(version=1, jobs=(1, 2), staleness=(1, 1)))
+    assert schedule.makespan_s == 2.0
+
+
+def test_a_busy_server_checks_the_trigger_once_for_what_waited():
+    # bound 0, trigger_k 3, apply_s 0.5; one lane per job, latencies 1, 1.1, 1.2, 3.
+    # t=1: job 0 lands fresh (s=0), applied alone, busy until 1.5. Jobs 1 and 2 (read v0) wait and
+    # are taken at 1.5 at v1: s=1 each, mean 1 > 0 and 2 < 3, so they stay pending. Job 3 (v0) lands
+    # at 3 with s=1: three pending, |P| = 3 >= K, applied together.
+    schedule = simulate([0.0] * 4, [1.0, 1.1, 1.2, 3.0], lanes=4, start_version=0, bound=0, trigger_k=3, apply_s=0.5)
+    assert schedule.applications == (Application(version=0, jobs=(0,), staleness=(0,)),
+                                      Application(version=1, jobs=(1, 2, 3), staleness=(1, 1, 1)))
+
+
 def test_no_jobs():
     schedule = simulate([], [], lanes=2, start_version=4, bound=None, trigger_k=1)
     assert schedule == GradientSchedule(jobs=(), applications=(), start_version=4, final_version=4, makespan_s=0.0)

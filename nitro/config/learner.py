@@ -30,6 +30,8 @@ class LatencyConfig(Section):
     jitter: float = Field(0.2, ge=0, description="sigma of the lognormal factor on each latency (mean 1)")
     actor_s: float = Field(1.0, ge=0, description="when a batch lands, after the round's start (the schedule's "
                            "view of the actors; jittered like the rest)")
+    apply_s: float = Field(0.01, ge=0, description="the parameter server's time for one application (a step and a "
+                           "published version): landings while it is busy join one group")
 
 
 class LearnerConfig(Section):

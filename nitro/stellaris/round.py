@@ -86,6 +86,13 @@ class Served:
     metrics: dict[str, float]
     busy_s: float
     versions: int = 0  # versions published: one per group applied
+    busy_parts: dict[str, float] = field(default_factory=dict)  # busy_s by part: landing, stepping, publishing, closing
+
+    def count(self, part: str, since: float) -> None:
+        """Add the seconds from ``since`` to now to the parameter server's busy time, under ``part``."""
+        seconds = time.perf_counter() - since
+        self.busy_s += seconds
+        self.busy_parts[part] = self.busy_parts.get(part, 0.0) + seconds
 
 
 class StellarisLearning:
@@ -165,7 +172,7 @@ class StellarisLearning:
         latency = model.draw([min(cfg.slice_samples, self.config.steps_per_actor)] * len(order), rng, cold)
         schedule = simulate([landing[a] for _, a, _ in order], latency, lanes=lanes,
                             start_version=self.server.version, bound=bound,
-                            trigger_k=cfg.trigger_k or lanes)
+                            trigger_k=cfg.trigger_k or lanes, apply_s=cfg.latency.apply_s)
         self.warm_lanes = max(self.warm_lanes, lanes)
         jobs = [job(sj.job, sj.snapshot_version,
                     sorted({o.snapshot_version for o in schedule.jobs
@@ -260,7 +267,7 @@ class StellarisLearning:
         noise = NoiseGroups() if self.config.scaler.measures_noise else None
 
         def land(job: GradientJob, staleness: int) -> Landed | None:
-            gradient = self._receive(job, served)  # the wait for it is not the server's work
+            gradient = self._receive(job, served)
             if gradient is None:
                 return None
             started = time.perf_counter()
@@ -269,15 +276,17 @@ class StellarisLearning:
                 noise.add(job, gradient)
             for name, value in gradient.metrics.items():
                 sums[name] = sums.get(name, 0.0) + value
-            served.busy_s += time.perf_counter() - started
+            served.count("landing", started)
             return Landed(gradient, staleness)
 
         def step(group: list[Landed]) -> None:
             started = time.perf_counter()
             served.adam_steps += self.server.apply(group, progress)
+            served.count("stepping", started)
+            started = time.perf_counter()
             self._publish(k, plan.attempt)
             served.versions += 1
-            served.busy_s += time.perf_counter() - started
+            served.count("publishing", started)
 
         if plan.measured:
             self._serve_arrivals(plan, served, land, step)
@@ -288,7 +297,7 @@ class StellarisLearning:
                       if x is not None])
         started = time.perf_counter()
         closed = self.learner.close_update(list(served.batches.values()), behaviour_policy) if served.batches else {}
-        served.busy_s += time.perf_counter() - started
+        served.count("closing", started)
         mean_staleness = float(np.mean(served.staleness)) if served.staleness else 0.0
         self.bound.observe_round(mean_staleness)
         self.rounds_trained += 1
@@ -300,13 +309,16 @@ class StellarisLearning:
             "stellaris_bound": float(self.bound_now() or -1), "stellaris_versions": float(served.versions),
             "stellaris_lanes": float(plan.lanes), "stellaris_version": float(self.server.version),
             "sgd_steps": float(served.adam_steps), "kl_coef": self.learner.kl_coef,
-        } | closed | (noise.diagnostics() if noise is not None else {})
+        } | {f"stellaris_server_{part}_s": seconds for part, seconds in served.busy_parts.items()} | closed | (
+            noise.diagnostics() if noise is not None else {})
         return served
 
     def _serve_arrivals(self, plan: GradientPlan, served: Served, land: Callable[[GradientJob, int], Landed | None],
                         step: Callable[[list[Landed]], None]) -> None:
-        """The measured round: each answer as it comes, its staleness read when it lands, and the
-        pending gradients applied whenever the trigger fires. When no answer comes within
+        """The measured round: the answers as they come, each one's staleness read when the server
+        takes it, and the pending gradients applied whenever the trigger fires. The server takes
+        every answer that came while it was busy at once and checks the trigger once for them
+        (``nitro.stellaris.schedule``'s rule), so it never falls behind the landings. When no answer comes within
         ``gradient_timeout_s`` the jobs still out are lost and no job starts any more; the
         gradients still pending at the end are applied together (nothing computed is dropped)."""
         waiting = {job.invocation_id: job for job in plan.jobs}
@@ -327,14 +339,14 @@ class StellarisLearning:
                 for job in waiting.values():
                     self._lose(job, f"gradient lost: none landed within {timeout_s:g} s", served)
                 break
-            for job in arrived:
+            for job in arrived:  # all that landed while the server was busy, read at the same version
                 del waiting[job.invocation_id]
                 landed = land(job, self.server.version - job.snapshot_version)
                 if landed is not None:
                     pending.append(landed)
-                if should_apply([x.staleness for x in pending], plan.bound, trigger_k):
-                    step(pending)
-                    pending = []
+            if should_apply([x.staleness for x in pending], plan.bound, trigger_k):
+                step(pending)
+                pending = []
         if pending:
             step(pending)
 
@@ -344,31 +356,41 @@ class StellarisLearning:
 
     def _receive(self, job: GradientJob, served: Served) -> Gradient | None:
         """The job's gradient once it is in the cache and passes the door (its batch too); None, with
-        the reason recorded, when it is lost."""
-        payload = self._wait_gradient(job)
-        if isinstance(payload, str):
-            reason = payload
-        elif not self._admit_batch(job, served):
-            reason = f"gradient dropped: the batch of {job.actor_id} did not pass the door"
-        else:
-            try:
-                return check_gradient(payload, expected=self.server.expected_shapes, invocation_id=job.invocation_id,
-                                      snapshot_version=job.snapshot_version)
-            except GradientError as exc:
-                reason = f"gradient dropped at the door: {exc}"
-        self._lose(job, reason, served)
-        return None
+        the reason recorded, when it is lost. Waiting for the answer is not the server's work; reading
+        and checking the gradient is (its busy time, part ``receiving``)."""
+        answer = self._wait_answer(job)
+        started = time.perf_counter()
+        try:
+            payload = self._read_gradient(job, answer)
+            if isinstance(payload, str):
+                reason = payload
+            elif not self._admit_batch(job, served):
+                reason = f"gradient dropped: the batch of {job.actor_id} did not pass the door"
+            else:
+                try:
+                    return check_gradient(payload, expected=self.server.expected_shapes,
+                                          invocation_id=job.invocation_id, snapshot_version=job.snapshot_version)
+                except GradientError as exc:
+                    reason = f"gradient dropped at the door: {exc}"
+            self._lose(job, reason, served)
+            return None
+        finally:
+            served.count("receiving", started)
 
-    def _wait_gradient(self, job: GradientJob) -> bytes | str:
-        """The gradient's bytes, or one line on why none will come (the job failed or is late)."""
-        timeout_s = self.config.learner.gradient_timeout_s
+    def _wait_answer(self, job: GradientJob) -> ActorSummary | None:
+        """The job's answer, or None when none came within ``gradient_timeout_s``."""
         with self._signal:
-            self._signal.wait_for(lambda: job.invocation_id in self._answers, timeout=timeout_s)
-            answer = self._answers.get(job.invocation_id)
+            self._signal.wait_for(lambda: job.invocation_id in self._answers,
+                                  timeout=self.config.learner.gradient_timeout_s)
+            return self._answers.get(job.invocation_id)
+
+    def _read_gradient(self, job: GradientJob, answer: ActorSummary | None) -> bytes | str:
+        """The gradient's bytes, or one line on why none will come (the job failed or is late)."""
         if answer is not None and not answer.ok:
             return f"gradient lost: the function failed: {answer.error}"
         payload = self.cache.fetch(gradient_key(self.cache, job.round, job.invocation_id))
         if payload is None:
+            timeout_s = self.config.learner.gradient_timeout_s
             return (f"gradient lost: not in the cache within {timeout_s:g} s" if answer is None else
                     "gradient lost: the function answered but its gradient is not in the cache (expired?)")
         return payload

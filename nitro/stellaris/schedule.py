@@ -10,10 +10,14 @@ Timing conventions:
 
 * a job starts at max(its ready time, the earliest free lane, the start of the job ahead of it);
   it takes the lowest-numbered free lane;
-* the PS handles landings one at a time in time order (ties by job index) and has bumped its
-  version for every earlier trigger before it reads the next landing's staleness;
-* an application's new weights are visible from the triggering landing's time plus ``apply_s``;
-  a job starting at exactly that time reads them;
+* the PS handles landings in time order (ties by job index) and has bumped its version for every
+  earlier trigger before it reads the next landing's staleness;
+* an application keeps the PS busy for ``apply_s``; its new weights are visible when it ends, and a
+  job starting at exactly that time reads them;
+* a landing while the PS is busy waits for it; when the PS is free it takes every landing that
+  waited, reads their stalenesses at that version and checks the trigger once for them all. A group
+  so grows with the rate of landings and the PS never falls behind them (with ``apply_s`` = 0 it is
+  never busy, and every landing is handled on its own);
 * gradients still pending when the last job has landed are applied together: nothing computed in
   a round is dropped.
 """
@@ -21,6 +25,7 @@ Timing conventions:
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -116,26 +121,33 @@ def simulate(ready_s: Sequence[float], latency_s: Sequence[float], *, lanes: int
     applications: list[Application] = []
     scheduled: list[ScheduledJob] = []
     pending: list[tuple[int, int]] = []  # (job, staleness), in landing order
-    last_start = last_landing = 0.0
+    last_start = last_landing = ps_free = 0.0
 
     def apply_pending(at: float) -> None:
+        nonlocal ps_free
         applications.append(Application(version=start_version + len(applications),
                                         jobs=tuple(j for j, _ in pending),
                                         staleness=tuple(s for _, s in pending)))
         visible_at.append(at + apply_s)
+        ps_free = at + apply_s
         pending.clear()
 
     while len(scheduled) < n or landings:
         next_start = None
         if len(scheduled) < n:
             next_start = max(ready_s[len(scheduled)], min(lane_free), last_start)
-        # Landings up to the next start first: their applications may be what that job reads.
-        if landings and (next_start is None or landings[0][0] <= next_start):
-            last_landing, job = heapq.heappop(landings)
+        taken_at = max(landings[0][0], ps_free) if landings else math.inf  # when the PS takes the next landing
+        # Landings taken up to the next start first: their applications may be what that job reads.
+        if landings and (next_start is None or taken_at <= next_start):
+            waited = taken_at > landings[0][0]
+            group = [heapq.heappop(landings)[1]]
+            while waited and landings and landings[0][0] <= taken_at:  # all that landed while the PS was busy
+                group.append(heapq.heappop(landings)[1])
+            last_landing = taken_at
             v_ps = start_version + len(applications)
-            pending.append((job, v_ps - scheduled[job].snapshot_version))
+            pending.extend((job, v_ps - scheduled[job].snapshot_version) for job in group)
             if should_apply([s for _, s in pending], bound, trigger_k):
-                apply_pending(last_landing)
+                apply_pending(taken_at)
             continue
         assert next_start is not None  # with every job started, a landing is left, and the branch above took it
         job, last_start = len(scheduled), next_start
