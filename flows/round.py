@@ -25,7 +25,7 @@ from tasks.bookkeeping import end_round
 from tasks.detection import detect_boosting
 from tasks.learner import learn_while_acting, update_policy
 from tasks.scaling import decide_actors, replay_while_instances_start
-from tasks.stellaris import apply_gradients, compute_gradient, plan_gradients
+from tasks.stellaris import apply_gradients, collect_lanes, plan_gradients, run_gradient_lane
 
 
 @flow(name="nitro-round", flow_run_name="{run_id}-round-{k}", persist_result=False, validate_parameters=False)
@@ -78,7 +78,8 @@ async def stellaris_round(run_id: str, k: int) -> RoundReport:
     """Stellaris: the actors and the learner functions run side by side. Each gradient job starts
     as soon as its batch has landed and its snapshot is published; the parameter server applies
     the gradients as they land and publishes new versions, which later jobs compute against. The
-    graph shows the actor and gradient tasks mapped beside the parameter server."""
+    graph shows the actor tasks and one task per learner function (a lane, running its jobs one
+    after another) mapped beside the parameter server."""
     started = time.perf_counter()
     detection = detect_boosting(run_id, k, LatestUpdate())
     decision = decide_actors(run_id, k, detection, UpdateReport(), started)
@@ -90,9 +91,9 @@ async def stellaris_round(run_id: str, k: int) -> RoundReport:
     server = apply_gradients.submit(run_id, k, plan)
     launch_actors(run_id, events)
     actor_runs = invoke_actor.map(unmapped(run_id), events)
-    gradient_runs = compute_gradient.map(unmapped(run_id), plan.jobs)
+    lane_runs = run_gradient_lane.map(unmapped(run_id), unmapped(plan), list(range(plan.lanes)))
     summaries = collect_summaries(events, actor_runs)
-    functions = collect_summaries(plan.jobs, gradient_runs)
+    functions = collect_lanes(lane_runs)
     update = server.result()
     actor_s = time.perf_counter() - acting
 

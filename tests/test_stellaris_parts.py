@@ -340,7 +340,7 @@ def _measured_round(redis_client, redis_url, run_id: str, actors: int, **learner
     events = [ActorEvent(run_id=run_id, round=1, invocation_id=f"{run_id}-r00001-{i:04d}", weights_key="w",
                          env_id=spec.env_id, seed=i, n_steps=64, cache_url=redis_url) for i in range(actors)]
     plan = learning.plan(1, events, "w", redis_url, {}, "att01")
-    assert plan.measured and plan.schedule is None and plan.lanes == 2
+    assert plan.measured == (cfg.learner.schedule == "measured") and plan.lanes == 2
     return learning, plan
 
 
@@ -351,8 +351,7 @@ def _serve_in_thread(learning, plan, busy=None):
     server stays busy in its step until then)."""
     import threading
 
-    from nitro.stellaris.round import Served
-    from nitro.stellaris.server import Landed
+    from nitro.stellaris.server import Landed, Served
 
     served = Served(batches={}, missing=[], corrupt={}, lost={}, staleness=[], adam_steps=0, metrics={}, busy_s=0.0)
     groups: list[list[tuple[int, int]]] = []
@@ -430,6 +429,21 @@ def test_measured_jobs_take_the_version_they_find_and_land_as_simulate_says(redi
     assert groups == [[(0, 0)], [(2, 0)], [(1, 2), (3, 0)], [(4, 1)]]
     want = simulate([0.0] * 5, [1.0, 3.0, 1.5, 1.0, 2.0], lanes=2, start_version=0, bound=0, trigger_k=2)
     assert groups == [list(zip(a.jobs, a.staleness)) for a in want.applications]
+
+
+def test_lanes_run_the_schedules_jobs_or_pull_the_next_in_line(redis_client, redis_url):
+    """Seeded: each lane runs the jobs the schedule put on it, in order, and the lanes together run
+    every job once. Measured: a free lane takes the next job no lane has taken."""
+    learning, plan = _measured_round(redis_client, redis_url, "lanes-seeded", actors=3, schedule="seeded")
+    by_lane = [[job.job for job in learning.lane_jobs(plan, lane)] for lane in range(plan.lanes)]
+    assert by_lane == [[j["job"] for j in plan.schedule["jobs"] if j["lane"] == lane] for lane in range(plan.lanes)]
+    assert sorted(j for jobs in by_lane for j in jobs) == list(range(len(plan.jobs))) == [0, 1, 2, 3, 4, 5]
+    assert all(jobs == sorted(jobs) and jobs for jobs in by_lane)
+
+    learning, plan = _measured_round(redis_client, redis_url, "lanes-measured", actors=3)
+    first, second = learning.lane_jobs(plan, 0), learning.lane_jobs(plan, 1)
+    assert [next(first).job, next(second).job, next(second).job, next(first).job] == [0, 1, 2, 3]
+    assert [job.job for job in second] == [4, 5] and list(first) == []
 
 
 def test_answers_that_come_while_the_server_is_busy_land_as_one_group(redis_client, redis_url):

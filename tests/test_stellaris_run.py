@@ -126,32 +126,37 @@ def test_a_killed_stellaris_run_resumes_and_bills_the_dead_round_once(tmp_path, 
 
 
 def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_api, redis_url, tmp_path, monkeypatch):
-    """Job 1's function fails, job 2's gradient is NaN, job 3's never comes (its task never
-    invokes, as a function that hangs past its deadline) and the parameter server stops waiting
-    at ``gradient_timeout_s``; every other gradient is applied, in every round."""
-    from tasks import stellaris as stellaris_tasks
+    """Job 1's function fails, job 2's gradient is NaN, job 3's never comes (its lane skips it
+    without a word, as a function that hangs past its deadline) and the parameter server stops
+    waiting at ``gradient_timeout_s``, and job 4's invocation raises (the backend's own fault): its
+    lane answers it as failed and goes on. Every other gradient is applied, in every round."""
+    from nitro.actors.events import ActorSummary
+    from nitro.run.runtime import get_run
+    from nitro.run.updates import StellarisUpdate
 
-    original = stellaris_tasks.compute_gradient.fn
+    original = StellarisUpdate.compute
 
-    def compute(run_id, job):
-        from nitro.actors.events import ActorSummary
-        from nitro.run.runtime import get_run
-        from nitro.run.updates import StellarisUpdate
+    class Gone:
+        def invoke(self, job):
+            raise ConnectionError("injected: the backend is gone")
 
+    def compute(self, job, backend):
         if job.job == 1:
             summary = ActorSummary.failed(job.invocation_id, "RuntimeError: injected crash")
-            get_run(run_id).training.mode_as(StellarisUpdate).learning.answered(job, summary)
+            self.learning.answered(job, summary)
             return summary
         if job.job == 3:
             return ActorSummary.failed(job.invocation_id, "never answered")  # and tells no one
+        if job.job == 4:
+            return original(self, job, Gone())
         if job.job == 2:  # answers on time, with NaNs of the right shapes
             import torch
 
             from nitro.stellaris.jobs import gradient_key
             from nitro.stellaris.wire import gradient_payload
 
-            training = get_run(run_id).training
-            learning = training.mode_as(StellarisUpdate).learning
+            training = get_run(job.run_id).training
+            learning = self.learning
             nan = {n: torch.full(s, float("nan")) for n, s in learning.server.expected_shapes.items()}
             key = gradient_key(training.cache, job.round, job.invocation_id)
             training.cache.client.set(key, gradient_payload(nan, invocation_id=job.invocation_id,
@@ -159,17 +164,18 @@ def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_ap
             summary = ActorSummary(invocation_id=job.invocation_id, ok=True, steps=32, batch_key=key)
             learning.answered(job, summary)
             return summary
-        return original(run_id, job)
+        return original(self, job, backend)
 
-    monkeypatch.setattr(stellaris_tasks.compute_gradient, "fn", compute)
+    monkeypatch.setattr(StellarisUpdate, "compute", compute)
     result, run, history = _train(tmp_path, "stellaris-faults", redis_url, "learner.gradient_timeout_s=3", rounds=2)
     assert result.rounds_done == 2
-    assert history["ppo/stellaris_gradients_lost"] == [3.0, 3.0]
-    assert history["ppo/stellaris_gradients"] == [5.0, 5.0]
+    assert history["ppo/stellaris_gradients_lost"] == [4.0, 4.0]
+    assert history["ppo/stellaris_gradients"] == [4.0, 4.0]
     reasons = {k: v for k, v in run.data.tags.items() if k.startswith("nitro.corrupt.")}
     assert any("the function failed: RuntimeError: injected crash" in v for v in reasons.values()), reasons
     assert any("dropped at the door" in v and "non-finite" in v for v in reasons.values()), reasons
     assert any("not in the cache within 3 s" in v for v in reasons.values()), reasons
+    assert any("invoke failed: ConnectionError: injected: the backend is gone" in v for v in reasons.values()), reasons
     assert all("\n" not in v for v in reasons.values())
 
 

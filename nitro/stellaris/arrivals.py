@@ -21,11 +21,19 @@ class InFlight:
     lanes: int = 0
     attempt: str = ""
     next_job: int = 0  # the first job that has neither started nor given up
+    claimed: int = 0  # jobs a lane has taken, in FIFO order
     passed: set[int] = field(default_factory=set)  # jobs that have started or given up
     running: dict[int, int] = field(default_factory=dict)  # job -> the version it computes against
     started: dict[str, GradientJob] = field(default_factory=dict)  # invocation id -> the job as bound
     answers: list[str] = field(default_factory=list)  # invocation ids, in the order their answers came
     closed: bool = False  # the parameter server stopped waiting: no job starts any more
+
+    def claim(self, jobs: int) -> int | None:
+        """The next job for a free lane to take (of the round's ``jobs``), or None when all are taken."""
+        if self.claimed >= jobs:
+            return None
+        self.claimed += 1
+        return self.claimed - 1
 
     def may_start(self, job: int) -> bool:
         """The job is next in line and a function is free (or nothing will start any more)."""

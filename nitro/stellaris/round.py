@@ -36,7 +36,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,8 +51,8 @@ from nitro.stellaris.aggregation import BoundState, should_apply
 from nitro.stellaris.arrivals import InFlight
 from nitro.stellaris.jobs import GradientJob, gradient_job_id, gradient_key, snapshot_key
 from nitro.stellaris.noise import NoiseGroups
-from nitro.stellaris.schedule import GradientSchedule, LatencyModel, simulate
-from nitro.stellaris.server import Landed, ParameterServer
+from nitro.stellaris.schedule import GradientSchedule, LatencyModel, replay, simulate
+from nitro.stellaris.server import Landed, ParameterServer, Served
 from nitro.stellaris.wire import Gradient, GradientError, check_gradient
 from nitro.validation import BatchError, Bounds, batch_version, decode_batch_meta
 
@@ -71,28 +71,6 @@ class GradientPlan:
     bound: int | None = None  # the staleness bound of the round's trigger
     attempt: str = ""  # this attempt at the round: its snapshots and gradients are its own
     measured: bool = False  # the jobs take the version they find and land as they land (no schedule)
-
-
-@dataclass
-class Served:
-    """What serving a round's gradients did, for the update report."""
-
-    batches: dict[str, dict]  # actor id -> the batch that passed the door
-    missing: list[str]
-    corrupt: dict[str, str]  # actor id -> why its batch was dropped
-    lost: dict[str, str]  # gradient job id -> why its gradient was not applied
-    staleness: list[int]
-    adam_steps: int
-    metrics: dict[str, float]
-    busy_s: float
-    versions: int = 0  # versions published: one per group applied
-    busy_parts: dict[str, float] = field(default_factory=dict)  # busy_s by part: landing, stepping, publishing, closing
-
-    def count(self, part: str, since: float) -> None:
-        """Add the seconds from ``since`` to now to the parameter server's busy time, under ``part``."""
-        seconds = time.perf_counter() - since
-        self.busy_s += seconds
-        self.busy_parts[part] = self.busy_parts.get(part, 0.0) + seconds
 
 
 class StellarisLearning:
@@ -189,7 +167,21 @@ class StellarisLearning:
     def bound_now(self) -> int | None:
         return self.bound.bound(self.rounds_trained + 1, self.config.learner.decay)
 
-    # -- a job's start ----------------------------------------------------------------------------
+    # -- a lane's jobs and a job's start ----------------------------------------------------------
+
+    def lane_jobs(self, plan: GradientPlan, lane: int) -> Iterator[GradientJob]:
+        """The jobs learner function ``lane`` runs, one after another: the schedule's jobs on that
+        lane (seeded), or, each time the lane is free, the next job no lane has taken (measured)."""
+        if not plan.measured:
+            assert plan.schedule is not None  # a seeded plan with jobs carries its schedule
+            yield from (job for job, sj in zip(plan.jobs, plan.schedule["jobs"]) if sj["lane"] == lane)
+            return
+        while True:
+            with self._signal:
+                index = self._flight.claim(len(plan.jobs))
+            if index is None:
+                return
+            yield plan.jobs[index]
 
     def start(self, job: GradientJob) -> GradientJob | str:
         """Block until the job may start, and return it as it starts, or say in one line why it never
@@ -420,24 +412,16 @@ class StellarisLearning:
 
     def projected_update_s(self, plan: GradientPlan, answers: dict[str, ActorSummary], invoke_s: float,
                            busy_s: float, versions: int) -> tuple[float, float]:
-        """The schedule replayed with what was measured: each batch lands ``invoke_s`` + its
-        actor's duration after the round's start, each job takes ``invoke_s`` + its function's
-        duration, each version takes its share of the parameter server's measured ``busy_s``. The
-        replay lets versions overlap, and one parameter server cannot: its learning lasts at least
-        ``busy_s`` from the first landing. Returns (when the last gradient is applied, how long
-        after the first batch landed): the round's learning on the Lambda clock, and the
-        learner's own part of it."""
-        if not plan.jobs:
-            return 0.0, 0.0
+        """The round replayed with what was measured (``nitro.stellaris.schedule.replay``): each batch
+        lands ``invoke_s`` + its actor's duration after the round's start, each job takes ``invoke_s``
+        + its function's duration. Returns the round's learning on the Lambda clock and its part after
+        the first batch landed."""
         def took(inv: str) -> float:
             return invoke_s + (answers[inv].duration_s if inv in answers else 0.0)
 
-        ready = [took(j.actor_id) for j in plan.jobs]
-        latency = [took(j.invocation_id) for j in plan.jobs]
-        replay = simulate(ready, latency, lanes=plan.lanes, start_version=0, bound=plan.bound,
-                          trigger_k=self.config.learner.trigger_k or plan.lanes, apply_s=busy_s / max(versions, 1))
-        end = max(replay.makespan_s, min(ready) + busy_s)
-        return end, end - min(ready)
+        return replay([took(j.actor_id) for j in plan.jobs], [took(j.invocation_id) for j in plan.jobs],
+                      lanes=plan.lanes, bound=plan.bound, trigger_k=self.config.learner.trigger_k or plan.lanes,
+                      busy_s=busy_s, versions=versions)
 
     def state_dict(self) -> dict:
         return {"version": self.server.version, "bound": self.bound.to_dict(), "rounds_trained": self.rounds_trained,

@@ -163,3 +163,18 @@ def simulate(ready_s: Sequence[float], latency_s: Sequence[float], *, lanes: int
     return GradientSchedule(jobs=tuple(scheduled), applications=tuple(applications), start_version=start_version,
                             final_version=start_version + len(applications),
                             makespan_s=visible_at[-1] if visible_at else 0.0)
+
+
+def replay(ready_s: Sequence[float], latency_s: Sequence[float], *, lanes: int, bound: int | None, trigger_k: int,
+           busy_s: float, versions: int) -> tuple[float, float]:
+    """A round's learning replayed with its measured times: the batches' landing times, the jobs'
+    durations, and the parameter server's measured ``busy_s`` over its ``versions`` (each
+    application keeps it busy for its share). Receiving the gradients is part of that busy time and
+    has no place in the replay, so the learning lasts at least ``busy_s`` from the first landing.
+    Returns (when the last gradient is applied, how long after the first batch landed)."""
+    if not ready_s:
+        return 0.0, 0.0
+    schedule = simulate(ready_s, latency_s, lanes=lanes, start_version=0, bound=bound, trigger_k=trigger_k,
+                        apply_s=busy_s / max(versions, 1))
+    end = max(schedule.makespan_s, min(ready_s) + busy_s)
+    return end, end - min(ready_s)

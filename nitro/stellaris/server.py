@@ -9,8 +9,9 @@ the boosting detector and the published actor weights see one policy whichever m
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +31,28 @@ class Landed:
 
     gradient: Gradient
     staleness: int
+
+
+@dataclass
+class Served:
+    """What serving a round's gradients did, for the update report."""
+
+    batches: dict[str, dict]  # actor id -> the batch that passed the door
+    missing: list[str]
+    corrupt: dict[str, str]  # actor id -> why its batch was dropped
+    lost: dict[str, str]  # gradient job id -> why its gradient was not applied
+    staleness: list[int]
+    adam_steps: int
+    metrics: dict[str, float]
+    busy_s: float
+    versions: int = 0  # versions published: one per group applied
+    busy_parts: dict[str, float] = field(default_factory=dict)  # busy_s by part: landing, stepping, publishing, closing
+
+    def count(self, part: str, since: float) -> None:
+        """Add the seconds from ``since`` to now to the parameter server's busy time, under ``part``."""
+        seconds = time.perf_counter() - since
+        self.busy_s += seconds
+        self.busy_parts[part] = self.busy_parts.get(part, 0.0) + seconds
 
 
 class ParameterServer:
