@@ -26,7 +26,11 @@ Parts:
   window, from the first batch's landing to the last gradient's application (the schedule
   replayed with the measured durations, and never shorter than the parameter server's busy time).
   ``--measured`` adds ``stellaris-measured`` (``learner.schedule=measured``: the staleness the
-  local workers' real arrivals make, against the seeded schedule's).
+  local workers' real arrivals make, against the seeded schedule's). Each Stellaris row carries
+  where the parameter server's busy time went (``stellaris_server_*``) and a job's mean seconds by
+  part (``stellaris_job_*``).
+* ``server``: the parameter server's own work for the boost sizes, alone on the host (no
+  functions, no flow): read and check each gradient, one step and one version per group.
 
 Stated before running: the return thresholds for time-to-threshold are 400 on Hopper-v5 and 300
 on Walker2d-v5 (mean-action evaluations); time is the cumulative projected round time at the first
@@ -172,9 +176,66 @@ def boost(args: argparse.Namespace) -> dict:
     return {"rows": rows}
 
 
+def server_alone(args: argparse.Namespace) -> dict:
+    """The parameter server's own work for a boosted round, alone on the host: what the boost
+    part's ``stellaris_server_*`` figures cost without the functions, Redis's other clients and
+    the flow's tasks beside it on the same cores. For each size, ``--server-groups`` (the groups
+    the boost part's seeded arm applied): the round's gradients (random, Hopper's shapes, 256
+    samples each) stored in the engine's Redis (a ``LocalRedisServer`` with its defaults), then
+    timed as the server takes them: read and checked at the door, one step per group, one
+    published version per group. Not included: each batch's door check (once an actor) and the
+    closing merge of statistics (``stellaris_server_closing_s`` in the boost part)."""
+    import tempfile
+
+    import torch
+
+    from nitro.cache import TrajectoryCache, connect_redis
+    from nitro.cache.server import LocalRedisServer
+    from nitro.config import NitroConfig
+    from nitro.envs import env_spec
+    from nitro.learners import Progress
+    from nitro.learners.ppo import PPOLearner
+    from nitro.stellaris.server import Landed, ParameterServer
+    from nitro.stellaris.wire import check_gradient, gradient_payload
+
+    rows = []
+    cfg = NitroConfig.load({"env_id": "Hopper-v5", "learner": {"mode": "stellaris"}})
+    with tempfile.TemporaryDirectory() as tmp, LocalRedisServer(tmp) as redis_server:
+        client = connect_redis(redis_server.url)
+        for actors, groups in zip(args.boost, args.server_groups):
+            learner = PPOLearner(env_spec("Hopper-v5"), cfg.ppo, seed=0, arch=cfg.model.architecture())
+            server = ParameterServer(learner, cfg.learner, TrajectoryCache(client, f"alone{actors}"))
+            gradients = actors * 10  # 10 passes of one 256-sample slice per actor, the boost part's jobs
+            shapes = server.expected_shapes
+            for g in range(gradients):
+                payload = gradient_payload({n: 0.01 * torch.randn(shape) for n, shape in shapes.items()},
+                                           invocation_id=f"g{g}", snapshot_version=0, metrics={"samples": 256.0})
+                client.set(f"alone{actors}:g{g}", payload)
+            took = {"receiving": 0.0, "stepping": 0.0, "publishing": 0.0}
+            landed = []
+            started = time.perf_counter()
+            for g in range(gradients):
+                landed.append(Landed(check_gradient(client.get(f"alone{actors}:g{g}"), expected=shapes,
+                                                    invocation_id=f"g{g}", snapshot_version=0), staleness=1))
+            took["receiving"] = time.perf_counter() - started
+            for group in np.array_split(np.arange(gradients), groups):
+                started = time.perf_counter()
+                server.apply([landed[i] for i in group], Progress(1, 10))
+                took["stepping"] += time.perf_counter() - started
+                started = time.perf_counter()
+                server.publish(1, "alone")
+                took["publishing"] += time.perf_counter() - started
+            rows.append({"actors": actors, "gradients": gradients, "groups": groups,
+                         **{f"{part}_s": seconds for part, seconds in took.items()},
+                         "busy_s": sum(took.values())})
+            print(f"  server alone, {actors} actors: {gradients} gradients in {groups} groups: "
+                  + ", ".join(f"{part} {seconds:.3f} s" for part, seconds in took.items()), flush=True)
+    return {"rows": rows}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--part", choices=("main", "ablations", "boost", "all"), default="all")
+    p.add_argument("--part", choices=("main", "ablations", "boost", "server", "all"), default="all")
     p.add_argument("--envs", nargs="+", default=["Hopper-v5", "Walker2d-v5"])
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--ablation-seeds", type=int, default=3)
@@ -183,6 +244,8 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--boost", type=int, nargs="+", default=[8, 16, 32, 64])
     p.add_argument("--measured", action="store_true", help="boost: a stellaris arm on real arrivals too")
+    p.add_argument("--server-groups", type=int, nargs="+", default=[49, 64],
+                   help="server: the groups applied at each --boost size (the boost part's seeded arm)")
     p.add_argument("--out", default=None, help="file under bench/results/ (default: stellaris_<part>.json)")
     args = p.parse_args()
     if args.out and args.part == "all":
@@ -194,6 +257,8 @@ def main() -> None:
         started = time.perf_counter()
         if part == "boost":
             result = boost(args)
+        elif part == "server":
+            result = server_alone(args)
         else:
             arms = ["sync", "stellaris"] if part == "main" else ["sync", "stellaris", "stellaris-no-trunc",
                                                                    "stellaris-uniform", "sync-80"]
