@@ -269,22 +269,28 @@ class StellarisUpdate:
 
     def run_lane(self, plan: GradientPlan, lane: int, backend: Backend) -> list[ActorSummary]:
         """One learner function's jobs of the round, one after another (``StellarisLearning.lane_jobs``):
-        the lane pulls its next job when it is free, and each job is its own invocation."""
-        return [self.compute(job, backend) for job in self.learning.lane_jobs(plan, lane)]
+        the lane pulls its next job when it is free, and each job is its own invocation. A job that
+        raises (its invocation, or the cache as it starts) is answered as failed: the lane goes on,
+        and the parameter server does not wait for it."""
+        answers = []
+        for job in self.learning.lane_jobs(plan, lane):
+            try:
+                answers.append(self.compute(job, backend))
+            except Exception as exc:  # the backend's or the cache's own fault: this job is lost
+                reason = f"gradient job failed: {type(exc).__name__}: {exc}"
+                answers.append(ActorSummary.failed(job.invocation_id, reason))
+                self.learning.answered(job, answers[-1])
+        return answers
 
     def compute(self, job: GradientJob, backend: Backend) -> ActorSummary:
         """Start the job when the round's schedule lets it (``StellarisLearning.start``); its answer (a
-        job that cannot start or whose invocation fails or raises included) goes to the parameter
-        server at once, so neither the server nor the lane's later jobs wait for it."""
+        job that cannot start or whose function fails included) goes to the parameter server at once."""
         started = self.learning.start(job)
         if isinstance(started, str):
             summary = ActorSummary.failed(job.invocation_id, started)
         else:
             self.cache.mark_started(job.round, job.invocation_id)  # a resume bills it from here on
-            try:
-                summary = backend.invoke(started)
-            except Exception as exc:  # the backend's own fault: this job is lost, the lane goes on
-                summary = ActorSummary.failed(job.invocation_id, f"invoke failed: {type(exc).__name__}: {exc}")
+            summary = backend.invoke(started)
         self.learning.answered(job, summary)
         return summary
 
