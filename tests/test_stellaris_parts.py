@@ -353,7 +353,7 @@ def _serve_in_thread(learning, plan, busy=None):
 
     from nitro.stellaris.server import Landed, Served
 
-    served = Served(batches={}, missing=[], corrupt={}, lost={}, staleness=[], adam_steps=0, metrics={}, busy_s=0.0)
+    served = Served(batches={}, missing=[], corrupt={}, lost={}, staleness=[], adam_steps=0, metrics={})
     groups: list[list[tuple[int, int]]] = []
 
     def land(job, staleness):

@@ -250,7 +250,7 @@ class StellarisLearning:
         """Apply the round's gradients one group in one step and one published version at a time,
         in the schedule's order or as they land (see the module docstring), then close the
         learner's update: the KL coefficient adapts and the statistics merge."""
-        served = Served(batches={}, missing=[], corrupt={}, lost={}, staleness=[], adam_steps=0, metrics={}, busy_s=0.0)
+        served = Served(batches={}, missing=[], corrupt={}, lost={}, staleness=[], adam_steps=0, metrics={})
         if not plan.jobs:
             return served
         behaviour_policy = copy.deepcopy(self.learner.policy)  # what the actors act with this round
@@ -310,9 +310,10 @@ class StellarisLearning:
         """The measured round: the answers as they come, each one's staleness read when the server
         takes it, and the pending gradients applied whenever the trigger fires. The server takes
         every answer that came while it was busy at once and checks the trigger once for them
-        (``nitro.stellaris.schedule``'s rule), so it never falls behind the landings. When no answer comes within
-        ``gradient_timeout_s`` the jobs still out are lost and no job starts any more; the
-        gradients still pending at the end are applied together (nothing computed is dropped)."""
+        (``nitro.stellaris.schedule``'s rule), so it never falls behind the landings. When no
+        answer comes within ``gradient_timeout_s`` the jobs still out are lost and no job starts
+        any more; the gradients still pending at the end are applied together (nothing computed
+        is dropped)."""
         waiting = {job.invocation_id: job for job in plan.jobs}
         trigger_k = self.config.learner.trigger_k or plan.lanes
         timeout_s = self.config.learner.gradient_timeout_s

@@ -44,15 +44,18 @@ class Served:
     staleness: list[int]
     adam_steps: int
     metrics: dict[str, float]
-    busy_s: float
     versions: int = 0  # versions published: one per group applied
-    busy_parts: dict[str, float] = field(default_factory=dict)  # busy_s by part: landing, stepping, publishing, closing
+    # the busy seconds by part: receiving, landing, stepping, publishing, closing
+    busy_parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def busy_s(self) -> float:
+        """The parameter server's busy time: every part together."""
+        return sum(self.busy_parts.values())
 
     def count(self, part: str, since: float) -> None:
         """Add the seconds from ``since`` to now to the parameter server's busy time, under ``part``."""
-        seconds = time.perf_counter() - since
-        self.busy_s += seconds
-        self.busy_parts[part] = self.busy_parts.get(part, 0.0) + seconds
+        self.busy_parts[part] = self.busy_parts.get(part, 0.0) + time.perf_counter() - since
 
 
 class ParameterServer:
