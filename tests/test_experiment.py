@@ -323,12 +323,18 @@ def test_tiny_experiment_through_the_flow(prefect_api, tmp_path, redis_url):
     spec, uri = _tiny(tmp_path, redis_url)
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(spec))
     out_dir = tmp_path / "report"
+    out_dir.mkdir()
+    prereg = "# Pre-registered\n\nWritten before any cell ran.\n"
+    (out_dir / "PREREGISTRATION.md").write_text(prereg)
 
     # --only: seed 0's cells run, and the report covers the whole spec
     part = asyncio.run(experiment(spec_path=str(tmp_path / "tiny.yaml"), report_dir=str(out_dir), only={"seed": ["0"]}))
     assert [(k, r["state"]) for k, r in part["results"].items()] == [
         ("Hopper-v5/ppo/nitro/seed=0", "ran"), ("Hopper-v5/ppo/random/seed=0", "ran")]
     assert "Cells finished: 2 of 4" in (out_dir / "README.md").read_text()
+    # the pre-registration stays as written, and the report links to it
+    assert (out_dir / "PREREGISTRATION.md").read_text() == prereg
+    assert "[PREREGISTRATION.md](PREREGISTRATION.md)" in (out_dir / "README.md").read_text()
 
     result = asyncio.run(experiment(spec_path=str(tmp_path / "tiny.yaml"), report_dir=str(out_dir)))
     assert not result["failed"] and result["parent_run_id"] == part["parent_run_id"]

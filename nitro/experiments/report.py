@@ -42,6 +42,9 @@ from nitro.experiments.stats import (
 REPORT_METRICS = ("eval_return_mean", "eval_stochastic_return_mean", "train_return_mean", "actors_launched",
                   "actors_wanted", "env_steps_total", "spend_round_usd", "spend_total_usd", "boost_score", "hessian_R",
                   "round_s", "round_lambda_s", "round_billed_s")
+# A study's pre-registration, written by hand into its report folder before any cell runs: the
+# generated README.md links to it and never overwrites it.
+PREREGISTRATION = "PREREGISTRATION.md"
 
 
 @dataclass
@@ -138,6 +141,9 @@ def build_report(
     md: list[str] = [f"# Experiment `{spec.name}`", ""]
     if spec.description:
         md += [spec.description.strip(), ""]
+    if (out / PREREGISTRATION).exists():  # written by hand before any cell ran; this file is rebuilt
+        md += [f"Pre-registered before any cell ran: [{PREREGISTRATION}]({PREREGISTRATION}) (the compared "
+               "arms, the primary metric, the budget, the seeds and the stop rule).", ""]
     common = (f"the same budget, ${spec.budget_usd:g} per cell (round cap {spec.max_rounds})"
               if spec.compare == "budget" else f"the same number of rounds, {spec.rounds} per cell")
     md += [
