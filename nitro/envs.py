@@ -32,6 +32,7 @@ not installed here and has not been measured.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -41,6 +42,7 @@ import numpy as np
 from pydantic import AfterValidator
 
 os.environ.setdefault("MUJOCO_GL", "disable")  # nothing renders; avoids probing for GL
+log = logging.getLogger("nitro")
 
 MUJOCO_ENVS = ("Hopper-v5", "Walker2d-v5", "Humanoid-v5")
 ATARI_ENVS = ("ALE/SpaceInvaders-v5", "ALE/Qbert-v5", "ALE/Gravitar-v5")
@@ -82,6 +84,26 @@ def _register_ale() -> None:
     gym.register_envs(ale_py)
 
 
+@functools.lru_cache(maxsize=1)
+def _route_mujoco_warnings() -> None:
+    """MuJoCo's own warning handler appends to MUJOCO_LOG.TXT in the working directory (gymnasium's
+    MuJoCo models use an attribute MuJoCo 4 deprecates, so every process that makes one warns):
+    its warnings go to the log instead, each text once per process, a deprecation in the models
+    (not the user's to act on) at debug level."""
+    try:
+        import mujoco
+    except ImportError:
+        return
+    seen: set[str] = set()
+
+    def warn(text: str) -> None:
+        if text not in seen:
+            seen.add(text)
+            log.log(logging.DEBUG if "deprecated" in text else logging.WARNING, "mujoco: %s", text)
+
+    mujoco.set_mju_user_warning(warn)
+
+
 def _is_image(space: gym.Space) -> bool:
     return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
 
@@ -109,6 +131,7 @@ def make_env(env_id: str, seed: int | None = None) -> gym.Env:
             )
             env = gym.wrappers.FrameStackObservation(env, stack_size=FRAME_STACK)
         else:
+            _route_mujoco_warnings()
             env = gym.make(env_id)
             if _is_image(env.observation_space):
                 env = gym.wrappers.ResizeObservation(env, (IMAGE_SIZE, IMAGE_SIZE))

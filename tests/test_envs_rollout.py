@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -24,6 +27,16 @@ def test_every_env_builds_and_steps(env_id):
     if env_id in ATARI_ENVS:
         assert obs.dtype == np.uint8 and obs.shape == (4, 84, 84)
     env.close()
+
+
+def test_making_a_mujoco_env_writes_nothing_into_the_working_directory(tmp_path):
+    # MuJoCo's own warning handler appends to MUJOCO_LOG.TXT in the working directory; a fresh
+    # process, so that the handler is not one an earlier test installed
+    code = "from nitro.envs import make_env; make_env('Hopper-v5', 0).reset(seed=0)"
+    made = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == [], made.stderr[-2000:]
+    assert "WARNING: compiler" not in made.stderr  # MuJoCo's own handler prints before it writes
 
 
 def test_unknown_env_is_refused_with_a_hint():
@@ -77,7 +90,7 @@ def test_atari_trunk_pads_as_rllibs_filters():
     ref = F.conv2d(F.pad(ref, (1, 2, 1, 2)), c2.weight, c2.bias, stride=2).relu()
     ref = F.conv2d(ref, c3.weight, c3.bias).relu().flatten(1)
     with torch.no_grad():
-        assert torch.allclose(trunk(x), ref, atol=1e-6)
+        assert torch.allclose(trunk(x), ref, atol=1e-5)  # float32 sums in another order: 1.3e-6 seen on AMD EPYC
 
 
 def test_obs_normaliser_travels_with_the_weights():
