@@ -28,7 +28,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _ray_config(home: Path) -> list[str]:
-    return [*_config(home), "backend.kind=ray"]  # backend.workers=2: the local Ray's CPUs
+    # backend.workers=2: the local Ray's CPUs. A fresh Ray worker imports torch and the envs on its
+    # first task, which on a loaded 2-core host can take minutes: the invocation deadline (120 s by
+    # default) is wide here, so that only an actor that really fails fails the test.
+    return [*_config(home), "backend.kind=ray", "backend.timeout_s=240"]
+
+
+def _failed_actors(home: Path, run_id: str) -> list[str]:
+    """The run log's lines for actors that failed (``nitro.run.engine`` logs each with its reason)."""
+    return [line for line in RunDir(home, run_id).log_file.read_text().splitlines() if " failed: " in line]
 
 
 def test_sigkill_of_a_ray_run_leaves_no_ray_process_and_the_run_resumes(tmp_path, prefect_api):
@@ -48,4 +56,5 @@ def test_sigkill_of_a_ray_run_leaves_no_ray_process_and_the_run_resumes(tmp_path
     interrupted = [r for r in state["ledger"]["rounds"] if r["interrupted"]]
     assert [(r["round_idx"], r["n_requests"]) for r in interrupted] == [(1, 2)], interrupted
     trained = [h for h in state["history"] if h.get("actors_launched")]
-    assert trained and all(h.get("actors_failed", 0) == 0 for h in state["history"]), state["history"]
+    failed = {int(h["round"]): h["actors_failed"] for h in state["history"] if h.get("actors_failed")}
+    assert trained and not failed, (failed, _failed_actors(home, run_id))

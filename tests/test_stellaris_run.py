@@ -101,7 +101,7 @@ def test_a_killed_stellaris_run_resumes_and_bills_the_dead_round_once(tmp_path, 
     resumed run bills round 1's actors and only the jobs that ran, and plans its own attempt at
     round 1, whose jobs and snapshots are keyed apart from the dead attempt's."""
     home, run_id = tmp_path / "home", "stellaris-killed"
-    args = [*SMALL, "rounds=3", "backend.workers=2", "round_deadline_s=20", f"home={home}"]
+    args = [*SMALL, "rounds=3", "backend.workers=2", "round_deadline_s=180", f"home={home}"]
 
     def jobs_in_flight() -> int:
         record = RunDir(home, run_id).inflight()
