@@ -38,7 +38,6 @@ from mlflow.tracking import MlflowClient
 from tests.support import faults
 from tests.support.servers import (
     REPO,
-    becomes_true,
     create_flow_run,
     flow_runs_named,
     tail,
@@ -178,23 +177,48 @@ def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page, shot):
     overrides.locator("input, textarea").last.press("Tab")
     shot(page, "prefect-2-custom-run-form")
     submit = page.get_by_role("button", name="Submit")
-    submit.click()
+    answers: list[str] = []  # the page's calls to the API that are not reads, and their answers
+    in_flight: set = set()  # the page's calls that have no answer yet
+
+    def asked(request) -> None:
+        if "/api/" in request.url and not re.search(r"/(filter|count|history|read)$", request.url) \
+                and request.method != "GET":
+            in_flight.add(request)
+
+    def told(request, what: str) -> None:
+        if request in in_flight:
+            in_flight.discard(request)
+            answers.append(f"{request.method} {request.url.split('/api', 1)[-1]}: {what}")
+
+    page.on("request", asked)
+    page.on("requestfinished", lambda r: told(r, str(r.response().status if r.response() else "no answer")))
+    page.on("requestfailed", lambda r: told(r, f"failed ({r.failure})"))
+    page.on("console", lambda m: answers.append(f"console: {m.text[:200]}") if m.type == "error" else None)
     with httpx.Client(base_url=stack.api, timeout=30) as client:
         def runs() -> list:  # the deployment's runs from this form (the stack's other tests use it too)
             body = {"deployments": {"id": {"any_": [stack.deployment_id]}}}
             runs = client.post("/flow_runs/filter", json=body).json()
             return [r for r in runs if r["parameters"].get("config_path") == str(stack.config_path)]
 
-        if not becomes_true(runs, 60) and submit.is_visible():
-            submit.click()  # the form is still there and created nothing: submit it as a user would again
-        # The submitted run, as the API has it: on a loaded machine the UI's own round trip (create,
-        # then back to the deployment's Runs tab) can take longer than a page wait's default.
-        try:
-            [submitted] = wait_until(runs, 180, "the submitted flow run", stack.worker_log, every_s=1)
-        except pytest.fail.Exception as exc:  # what the page showed, for a failure seen only on loaded CI hosts
+        # Submit as a user does: press it, and again while the form is still there, nothing it sent is
+        # still waiting for an answer, and no run came of it. On loaded CI hosts a press has created no
+        # run more than once (once a second press did not either); the failure message gives the
+        # page's calls and their answers, so that a next failure says why.
+        for _ in range(5):
+            submit.click()
+            for _ in range(45):
+                page.wait_for_timeout(1000)  # the page's events reach the handlers above while it waits
+                if not in_flight and (runs() or not submit.is_visible()):
+                    break
+            if in_flight or runs() or not submit.is_visible():
+                break
+        try:  # the UI's own round trip (create, then back to the Runs tab) can be slow on a loaded host
+            [submitted] = wait_until(runs, 120, "the submitted flow run", stack.worker_log, every_s=1)
+        except pytest.fail.Exception as exc:
             shot(page, "prefect-2-submit-failed")
             shown = page.locator(".p-toast, [role=alert], .p-message").all_inner_texts()
-            pytest.fail(f"{exc}\npage: {page.url}\nshown: {shown}\nthe form still shown: {submit.is_visible()}")
+            pytest.fail(f"{exc}\npage: {page.url}\nshown: {shown}\nthe form still shown: {submit.is_visible()}"
+                        f"\nthe page's requests: {answers}")
     # Prefect goes back to the deployment's Runs tab after Submit; the new run is listed there
     page.wait_for_url(re.compile(r"/deployments/deployment/[0-9a-f-]{36}\?tab=Runs"), timeout=180_000)
     flow_run_id = submitted["id"]
