@@ -26,7 +26,10 @@ Parts:
   window, from the first batch's landing to the last gradient's application (the schedule
   replayed with the measured durations, and never shorter than the parameter server's busy time).
   ``--measured`` adds ``stellaris-measured`` (``learner.schedule=measured``: the staleness the
-  local workers' real arrivals make, against the seeded schedule's). Each Stellaris row carries
+  local workers' real arrivals make, against the seeded schedule's); ``--lingers 0.05 1`` adds
+  ``stellaris-linger-<x>`` (``learner.lane_linger_s``: a lane's invocation waits that long for its
+  next job). Every row has the round's Lambda bill (``lambda_usd``: actors and learner functions,
+  compute and requests). Each Stellaris row carries
   where the parameter server's busy time went (``stellaris_server_*``) and a job's mean seconds by
   part (``stellaris_job_*``).
 * ``server``: the parameter server's own work for the boost sizes, alone on the host (no
@@ -79,7 +82,7 @@ def run(env_id: str, arm: str, seed: int, rounds: int, extra: list[str], tag: st
     keep = ("round", "spend_round_usd", "round_lambda_s", "round_s", "learner_s", "actor_s", "eval_return_mean",
             "eval_stochastic_return_mean", "ppo/stellaris_staleness_mean", "ppo/stellaris_projected_s",
             "ppo/stellaris_gradients_lost", "ppo/stellaris_learning_s", "ppo/sgd_steps", "ppo/stellaris_versions",
-            "spend_learner_usd", "spend_lambda_compute_usd")
+            "spend_learner_usd", "spend_lambda_compute_usd", "spend_requests_usd")
     rows = [{k: r.get(k) for k in keep} | {k: v for k, v in r.items() if k.startswith(PROFILE)}
             for r in state["history"]]
     print(f"  {env_id} {arm} seed {seed}: {len(rows)} rounds in {time.perf_counter() - started:.0f} s, "
@@ -155,8 +158,11 @@ def compare(runs: list[dict], arms: list[str], base: str) -> dict:
 
 def boost(args: argparse.Namespace) -> dict:
     rows = []
+    lingers = [f"stellaris-linger-{x:g}" for x in args.lingers]
+    ARMS.update({arm: ["learner.mode=stellaris", f"learner.lane_linger_s={x}"]
+                 for arm, x in zip(lingers, args.lingers)})
     for n in args.boost:
-        for arm in ("sync", "stellaris", *(("stellaris-measured",) if args.measured else ())):
+        for arm in ("sync", "stellaris", *(("stellaris-measured",) if args.measured else ()), *lingers):
             r = run("Hopper-v5", arm, 0, 2, ["scaler.name=fixed", f"scaler.fixed_actors={n}", "eval.every_rounds=0",
                                              f"scaler.i_max={max(64, n)}"], f"boost{n}")
             last = r["rounds"][-1]  # round 1: sync updates on round 0's samples; stellaris learns beside its actors
@@ -166,9 +172,11 @@ def boost(args: argparse.Namespace) -> dict:
             rows.append({"actors": n, "arm": arm, "learner_projected_s": learner,
                          "round_lambda_s": last["round_lambda_s"], "learner_busy_s": last["learner_s"],
                          "staleness_mean": last.get("ppo/stellaris_staleness_mean"),
-                         "sgd_steps": last.get("ppo/sgd_steps"), "versions": last.get("ppo/stellaris_versions")}
+                         "sgd_steps": last.get("ppo/sgd_steps"), "versions": last.get("ppo/stellaris_versions"),
+                         "lambda_usd": last["spend_lambda_compute_usd"] + last["spend_requests_usd"]}
                         | {k.removeprefix("ppo/"): v for k, v in last.items() if k.startswith(PROFILE)})
-            print(f"  boost {n} {arm}: learner {learner:.2f} s, round {last['round_lambda_s']:.2f} s", flush=True)
+            print(f"  boost {n} {arm}: learner {learner:.2f} s, round {last['round_lambda_s']:.2f} s, "
+                  f"Lambda ${rows[-1]['lambda_usd']:.6f}", flush=True)
     base = {arm: next(r["learner_projected_s"] for r in rows if r["arm"] == arm and r["actors"] == args.boost[0])
             for arm in {r["arm"] for r in rows}}
     for r in rows:
@@ -244,6 +252,8 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--boost", type=int, nargs="+", default=[8, 16, 32, 64])
     p.add_argument("--measured", action="store_true", help="boost: a stellaris arm on real arrivals too")
+    p.add_argument("--lingers", type=float, nargs="*", default=[],
+                   help="boost: a stellaris arm for each of these learner.lane_linger_s values too")
     p.add_argument("--server-groups", type=int, nargs="+", default=[49, 64],
                    help="server: the groups applied at each --boost size (the boost part's seeded arm)")
     p.add_argument("--out", default=None, help="file under bench/results/ (default: stellaris_<part>.json)")

@@ -160,6 +160,35 @@ def test_function_gradient_equals_in_process_gradient(redis_url, redis_client):
     assert_function_gradient(summary, redis_client, job, want)
 
 
+def test_a_lanes_invocation_runs_its_ready_jobs_and_stops_at_one_not_ready(redis_url, redis_client):
+    """One invocation of a lane (in a real worker process) runs its jobs while each is ready: it
+    pushes each job's answer as the job ends (not billed: the lane's invocation is), and returns at
+    the first job whose batch is not in the cache within the linger, leaving it to the next."""
+    from nitro.actors.events import ActorSummary
+    from nitro.actors.local import LocalActorPool
+    from nitro.cache import TrajectoryCache
+    from nitro.stellaris.jobs import GradientLane
+
+    job, want = gradient_job_and_expected(redis_url, redis_client, "lane")
+    second = job.model_copy(update={"job": 1, "invocation_id": job.invocation_id.replace("g00000", "g00001")})
+    waiting = job.model_copy(update={"job": 2, "invocation_id": job.invocation_id.replace("g00000", "g00002"),
+                                     "batch_key": job.batch_key + "-not-landed"})
+    lane = GradientLane(invocation_id="lane-r00001-a1-l000-i00000", round=1, lane=0, jobs=[job, second, waiting],
+                        answers_key="nitro:lane:r00001:answers:a1", linger_s=0.3, budget_s=60)
+    with LocalActorPool(workers=1, timeout_s=60) as pool:
+        summary = pool.invoke(lane)
+    assert summary.ok, summary.error
+    assert summary.invocation_id == lane.invocation_id and summary.steps == 80  # two jobs of 40 samples
+    assert summary.billed_ms >= 300  # it waited the linger for the third job, and is billed for it
+    answers = [ActorSummary.model_validate_json(raw) for raw in redis_client.lrange(lane.answers_key, 0, -1)]
+    assert [a.invocation_id for a in answers] == [job.invocation_id, second.invocation_id]
+    assert [a.shared_invocation for a in answers] == [False, True] and all(a.billed_ms == 0 for a in answers)
+    assert_function_gradient(answers[0], redis_client, job, want)
+    assert_function_gradient(answers[1], redis_client, second, want)  # the same slice and snapshot
+    stored = TrajectoryCache(redis_client, job.run_id).get_summaries(1, [lane.invocation_id])
+    assert ActorSummary.model_validate_json(stored[lane.invocation_id]) == summary  # what a resume bills
+
+
 def test_parameter_server_takes_one_step_per_group_on_the_weighted_mean(redis_client):
     """A group of two gradients (32 samples fresh, 96 samples at staleness 8: weight 8^(-1/3) =
     0.5) is one Adam step on (32 g0 + 96 * 0.5 g1) / (32 + 48) at lr * (32 + 48) / 128, driven by

@@ -49,12 +49,14 @@ def _train(tmp_path, run_id, redis_url, *extra, backend="local", rounds=3):
 
 
 def test_a_stellaris_run_repeats_exactly_and_bills_its_functions(prefect_api, redis_url, tmp_path):
-    _, run, first = _train(tmp_path, "stellaris-a", redis_url)
-    _, _, second = _train(tmp_path, "stellaris-b", redis_url)
+    linger = "learner.lane_linger_s=0.5"  # a lane waits for its next job: fewer invocations than jobs
+    _, run, first = _train(tmp_path, "stellaris-a", redis_url, linger)
+    _, _, second = _train(tmp_path, "stellaris-b", redis_url, linger)
     projected = first.pop("round_lambda_s"), second.pop("round_lambda_s")  # measured durations: they differ
     assert all(s > 0 for s in projected[0] + projected[1])
     profiled = first.pop("ppo/stellaris_job_compute_s"), second.pop("ppo/stellaris_job_compute_s")  # measured too
     assert len(profiled[0]) == 3 and all(s > 0 for s in profiled[0] + profiled[1])
+    requests = first.pop("spend_requests_usd"), second.pop("spend_requests_usd")  # invocations: by readiness
     assert first == second  # the seeded schedule: same staleness, same gradients, same returns
     assert all(r > 0 for r in first["train_return_mean"])  # whole CartPole episodes
     jobs = 2 * 2 * 2  # actors x slices (64 / 32) x epochs
@@ -66,8 +68,11 @@ def test_a_stellaris_run_repeats_exactly_and_bills_its_functions(prefect_api, re
     assert first["ppo/sgd_steps"] == first["ppo/stellaris_versions"]
     assert all(1 <= v <= jobs for v in first["ppo/stellaris_versions"])
     assert any(s > 0 for s in first["ppo/stellaris_staleness_mean"])  # two lanes: some gradients are stale
-    # every actor and every learner function is one request
-    assert first["spend_requests_usd"] == pytest.approx([(2 + jobs) * 0.2e-6] * 3)
+    # every actor is one request, and each lane's invocation one: a lane (2 here) runs its jobs in
+    # one invocation while each next one is ready within the linger, in at most one per job
+    invocations = [round(usd / 0.2e-6) - 2 for usd in requests[0] + requests[1]]
+    assert all(2 <= n <= jobs for n in invocations), invocations
+    assert min(invocations) < jobs, invocations
     assert run.data.params["learner.mode"] == "stellaris"
     assert float(run.data.tags["cost.learner_per_hour"]) == 0.085  # the parameter server's instance
 
@@ -112,7 +117,7 @@ def test_a_killed_stellaris_run_resumes_and_bills_the_dead_round_once(tmp_path, 
     _kill_mid_round_1(proc, home, run_id, grace_s=10)
     dead = RunDir(home, run_id).inflight()
     assert dead is not None and len(dead["if_started"]) == 8
-    assert all(f"-{dead['attempt']}-g" in job for job in dead["if_started"])
+    assert all(f"-{dead['attempt']}-l" in inv for inv in dead["if_started"])  # lanes' invocations, one per job at most
     assert not (RunDir(home, run_id).checkpoints / "round-00001").exists()
     code, _out, err = _finish(_nitro(tmp_path, "resume", run_id, "--home", str(home), api=prefect_api))
     assert code == 0, err[-3000:]
@@ -120,16 +125,54 @@ def test_a_killed_stellaris_run_resumes_and_bills_the_dead_round_once(tmp_path, 
     assert state["next_round"] == 3 and state["stellaris"]["rounds_trained"] == 3
     interrupted = [r for r in state["ledger"]["rounds"] if r["interrupted"]]
     assert [r["round_idx"] for r in interrupted] == [1] and interrupted[0]["attempt"] == dead["attempt"]
-    # its 2 actors and, of its 8 jobs, only those that ran: a kill this early leaves most of them
-    # unstarted (billing every job at its timeout gave 10 requests, 8 of them at the worst case)
+    # its 2 actors and, of its lanes' invocations (at most 8), only those that ran: a kill this early
+    # leaves most unstarted (billing every job at its timeout gave 10 requests, 8 at the worst case)
     assert 2 <= interrupted[0]["n_requests"] < 2 + 8
 
 
+def test_a_seeded_lane_loses_only_the_job_its_invocation_failed_on(prefect_api, redis_url, tmp_path, monkeypatch):
+    """Seeded lanes: the invocation that starts at job 1 crashes, the one that starts at job 3 runs
+    nothing, and the one that starts at job 4 raises in the backend: each loses that job alone, with
+    its reason, and the lane's next invocation takes the jobs after it. (Each invocation here stops
+    before the next faulty job, so that each fault meets its job first.)"""
+    from nitro.actors.events import ActorSummary
+    from nitro.run.updates import StellarisUpdate
+
+    faulty = (1, 3, 4)
+
+    class Faulty:
+        def __init__(self, backend):
+            self.backend = backend
+
+        def invoke(self, event):
+            first = event.jobs[0].job
+            if first == 1:
+                return ActorSummary.failed(event.invocation_id, "RuntimeError: injected crash")
+            if first == 3:
+                return ActorSummary(invocation_id=event.invocation_id, ok=True, profile={"jobs": 0.0})
+            if first == 4:
+                raise ConnectionError("injected: the backend is gone")
+            cut = next((i for i, job in enumerate(event.jobs) if i and job.job in faulty), len(event.jobs))
+            return self.backend.invoke(event.model_copy(update={"jobs": event.jobs[:cut]}))
+
+    original = StellarisUpdate.run_seeded_lane
+    monkeypatch.setattr(StellarisUpdate, "run_seeded_lane",
+                        lambda self, plan, lane, backend: original(self, plan, lane, Faulty(backend)))
+    result, run, history = _train(tmp_path, "stellaris-lane-faults", redis_url, rounds=2)
+    assert result.rounds_done == 2
+    assert history["ppo/stellaris_gradients_lost"] == [3.0, 3.0] and history["ppo/stellaris_gradients"] == [5.0, 5.0]
+    reasons = {k: v for k, v in run.data.tags.items() if k.startswith("nitro.corrupt.")}
+    for said in ("gradient job failed: RuntimeError: injected crash", "its lane's invocation ran none of its jobs",
+                 "gradient job failed: ConnectionError: injected: the backend is gone"):
+        assert sum(said in v for v in reasons.values()) == 2, (said, reasons)  # once a round
+
+
 def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_api, redis_url, tmp_path, monkeypatch):
-    """Job 1's function fails, job 2's gradient is NaN, job 3's never comes (its lane skips it
-    without a word, as a function that hangs past its deadline) and the parameter server stops
-    waiting at ``gradient_timeout_s``, and job 4's invocation raises (the backend's own fault): its
-    lane answers it as failed and goes on. Every other gradient is applied, in every round."""
+    """Measured schedule, one invocation per job: job 1's function fails, job 2's gradient is NaN,
+    job 3 starts and never answers (as a function that hangs past its deadline) and the parameter
+    server stops waiting for it at ``gradient_timeout_s``, and job 4's invocation raises (the
+    backend's own fault): its lane answers it as failed and goes on. Every other gradient is
+    applied, in every round."""
     from nitro.actors.events import ActorSummary
     from nitro.run.runtime import get_run
     from nitro.run.updates import StellarisUpdate
@@ -141,6 +184,8 @@ def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_ap
             raise ConnectionError("injected: the backend is gone")
 
     def compute(self, job, backend):
+        if job.job in (1, 2, 3):
+            job = self.learning.start(job)  # it starts (measured: bound to the version it finds), then:
         if job.job == 1:
             summary = ActorSummary.failed(job.invocation_id, "RuntimeError: injected crash")
             self.learning.answered(job, summary)
@@ -167,14 +212,15 @@ def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_ap
         return original(self, job, backend)
 
     monkeypatch.setattr(StellarisUpdate, "compute", compute)
-    result, run, history = _train(tmp_path, "stellaris-faults", redis_url, "learner.gradient_timeout_s=3", rounds=2)
+    result, run, history = _train(tmp_path, "stellaris-faults", redis_url, "learner.gradient_timeout_s=3",
+                                  "learner.schedule=measured", rounds=2)
     assert result.rounds_done == 2
     assert history["ppo/stellaris_gradients_lost"] == [4.0, 4.0]
     assert history["ppo/stellaris_gradients"] == [4.0, 4.0]
     reasons = {k: v for k, v in run.data.tags.items() if k.startswith("nitro.corrupt.")}
     assert any("the function failed: RuntimeError: injected crash" in v for v in reasons.values()), reasons
     assert any("dropped at the door" in v and "non-finite" in v for v in reasons.values()), reasons
-    assert any("not in the cache within 3 s" in v for v in reasons.values()), reasons
+    assert any("none landed within 3 s" in v for v in reasons.values()), reasons
     gone = "gradient job failed: ConnectionError: injected: the backend is gone"
     assert any(gone in v for v in reasons.values()), reasons
     assert all("\n" not in v for v in reasons.values())

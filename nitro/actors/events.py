@@ -84,6 +84,8 @@ class ActorSummary(BaseModel):
     continued: bool = False  # it continued the event's episode (False: the snapshot had expired)
     episode_key: str | None = None  # the snapshot of the episode it left unfinished
     profile: dict[str, float] = Field(default_factory=dict)  # a learner function's seconds by part of its job
+    # a learner function's job that ran after another in the same invocation: it paid no invoke latency
+    shared_invocation: bool = False
 
     @classmethod
     def failed(cls, invocation_id: str, error: str, duration_s: float = 0.0, billed_ms: int = 0,

@@ -58,6 +58,12 @@ class LearnerConfig(Section):
     is_ratio: float = Field(1.0, gt=0, description="c, the truncation's floor")
     gradient_timeout_s: float = Field(120.0, gt=0, description="how long the parameter server waits for one "
                                       "gradient, and a job for its batch and snapshot")
+    lane_linger_s: float = Field(0.0, ge=0, description="seeded: how long a learner function that has finished "
+                                 "a job waits for its lane's next one to be ready (its batch landed, its snapshot "
+                                 "published) before it returns; the lane's next job then starts a new invocation. "
+                                 "0: it runs the jobs that are ready and never waits. Waiting is billed: on the "
+                                 "boost bench 0.05 s made rounds faster and the functions' bill 1.4-1.6x "
+                                 "(docs/stellaris.md)")
     server_per_hour: float = Field(0.085, ge=0, description="the parameter server's instance (c5.large): it applies "
                                    "gradients and no longer computes them")
     schedule: Literal["seeded", "measured"] | None = Field(

@@ -1,6 +1,7 @@
 """The one function every backend runs: an event's ``kind`` says what it is.
 
-``"gradient"`` is a learner function's job (``nitro.stellaris.function.run_gradient``); anything
+``"gradient"`` is a learner function's job (``nitro.stellaris.function.run_gradient``),
+``"gradient-lane"`` a lane of them in one invocation (``run_lane``); anything
 else is an actor's event (``nitro.actors.worker.run_actor``). One image, one worker pool and one
 Lambda function serve both, so a round's actors and learner functions share warm instances.
 """
@@ -19,4 +20,8 @@ def run_function(event: Any, state: ActorState | None = None, *, memory_mb: int 
         from nitro.stellaris.function import run_gradient
 
         return run_gradient(event, state, memory_mb=memory_mb)
+    if kind == "gradient-lane":
+        from nitro.stellaris.function import run_lane
+
+        return run_lane(event, state, memory_mb=memory_mb)
     return run_actor(event, state, memory_mb=memory_mb)

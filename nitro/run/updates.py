@@ -31,6 +31,7 @@ from nitro.run.crashes import crash_point
 from nitro.run.rundir import RunDir
 from nitro.stellaris.jobs import GradientJob
 from nitro.stellaris.round import GradientPlan, StellarisLearning
+from nitro.stellaris.schedule import replay
 from nitro.validation import BatchError, Bounds, batch_version, decode_batch_meta
 
 log = logging.getLogger("nitro")
@@ -264,14 +265,18 @@ class StellarisUpdate:
         plan = self.learning.plan(k, events, weights_key, self.actor_cache_url, self.actor_credentials, attempt)
         if plan.jobs:
             self.run_dir.save_inflight(k, [e.invocation_id for e in events], attempt=attempt,
-                                       if_started=[j.invocation_id for j in plan.jobs])
+                                       if_started=self.learning.invocation_ids(plan))
         return plan
 
     def run_lane(self, plan: GradientPlan, lane: int, backend: Backend) -> list[ActorSummary]:
-        """One learner function's jobs of the round, one after another (``StellarisLearning.lane_jobs``):
-        the lane pulls its next job when it is free, and each job is its own invocation. A job that
-        raises (its invocation, or the cache as it starts) is answered as failed: the lane goes on,
-        and the parameter server does not wait for it."""
+        """One learner function's jobs of the round, one after another (``StellarisLearning.lane_jobs``),
+        and the summaries of the invocations that ran them (what the round is billed for). Seeded:
+        the lane's jobs run in as few invocations as their readiness allows (``run_seeded_lane``).
+        Measured: the lane pulls its next job when it is free, and each job is its own invocation.
+        A job that raises (its invocation, or the cache as it starts) is answered as failed: the lane
+        goes on, and the parameter server does not wait for it."""
+        if not plan.measured:
+            return self.run_seeded_lane(plan, lane, backend)
         answers = []
         for job in self.learning.lane_jobs(plan, lane):
             try:
@@ -281,6 +286,37 @@ class StellarisUpdate:
                 answers.append(ActorSummary.failed(job.invocation_id, reason))
                 self.learning.answered(job, answers[-1])
         return answers
+
+    def run_seeded_lane(self, plan: GradientPlan, lane: int, backend: Backend) -> list[ActorSummary]:
+        """The lane's jobs, in the schedule's order: once the first job still to run may start, one
+        invocation takes it and the ones after it for as long as each is ready within the linger
+        (``nitro.stellaris.function.run_lane``); the next invocation starts where it stopped. A job
+        that cannot start, or that an invocation was on when it failed, is lost with its reason."""
+        jobs, invocations = list(self.learning.lane_jobs(plan, lane)), list[ActorSummary]()
+        while jobs:
+            started = self.learning.start(jobs[0])
+            if isinstance(started, str):
+                self.learning.answered(jobs[0], ActorSummary.failed(jobs[0].invocation_id, started))
+                jobs = jobs[1:]
+                continue
+            event = self.learning.lanes.event(lane, len(invocations), jobs)
+            self.cache.mark_started(event.round, event.invocation_id)  # a resume bills it from here on
+            try:
+                summary = backend.invoke(event)
+            except Exception as exc:  # the backend's own fault
+                summary = ActorSummary.failed(event.invocation_id, f"{type(exc).__name__}: {exc}")
+            if not summary.ok:
+                self.cache.put_summary(event.round, event.invocation_id, summary.model_dump_json())
+            invocations.append(summary)
+            self.learning.relay()  # what it pushed reaches the server before the lane looks
+            rest = [job for job in jobs if not self.learning.has_answer(job)]
+            if rest and (not summary.ok or len(rest) == len(jobs)):  # the job it was on (or could not run)
+                reason = summary.error if not summary.ok else "its lane's invocation ran none of its jobs"
+                self.learning.answered(rest[0], ActorSummary.failed(rest[0].invocation_id,
+                                                                    f"gradient job failed: {reason}"))
+                rest = rest[1:]
+            jobs = rest
+        return invocations
 
     def compute(self, job: GradientJob, backend: Backend) -> ActorSummary:
         """Start the job when the round's schedule lets it (``StellarisLearning.start``); its answer (a
@@ -301,8 +337,7 @@ class StellarisUpdate:
         corrupt = {**served.corrupt, **served.lost}
         answers = {inv: ActorSummary.model_validate_json(raw) for inv, raw in self.cache.get_summaries(
             k, sorted({j.actor_id for j in plan.jobs}) + [j.invocation_id for j in plan.jobs]).items()}
-        projected, learning = self.learning.projected_update_s(plan, answers, self.config.clock.invoke_s,
-                                                               served.busy_s, served.versions)
+        projected, learning = self.projected_update_s(plan, answers, served.busy_s, served.versions)
         profiles = [answers[j.invocation_id].profile for j in plan.jobs
                     if j.invocation_id in answers and answers[j.invocation_id].profile]
         profile = {f"stellaris_job_{part}": sum(p.get(part, 0.0) for p in profiles) / len(profiles)
@@ -311,6 +346,24 @@ class StellarisUpdate:
                             missing=sorted(served.missing), corrupt=sorted(served.corrupt), corrupt_reasons=corrupt,
                             seconds=served.busy_s, projected_s=projected, diagnostics=served.metrics | profile | {
                                 "stellaris_projected_s": projected, "stellaris_learning_s": learning})
+
+    def projected_update_s(self, plan: GradientPlan, answers: dict[str, ActorSummary], busy_s: float,
+                           versions: int) -> tuple[float, float]:
+        """The round replayed with what was measured (``nitro.stellaris.schedule.replay``): each batch
+        lands ``clock.invoke_s`` + its actor's duration after the round's start, each job takes
+        ``clock.invoke_s`` + its function's duration (a job that ran after another in its lane's
+        invocation pays no ``invoke_s``). Returns the round's learning on the Lambda clock and its
+        part after the first batch landed."""
+        invoke_s = self.config.clock.invoke_s
+
+        def took(inv: str) -> float:
+            if inv not in answers:
+                return invoke_s
+            return (0.0 if answers[inv].shared_invocation else invoke_s) + answers[inv].duration_s
+
+        return replay([took(j.actor_id) for j in plan.jobs], [took(j.invocation_id) for j in plan.jobs],
+                      lanes=plan.lanes, bound=plan.bound, trigger_k=self.config.learner.trigger_k or plan.lanes,
+                      busy_s=busy_s, versions=versions)
 
     def round_ended(self, k: int, ok: Sequence[ActorSummary]) -> None:
         """The parameter server trained on the round's batches as they landed."""

@@ -1,4 +1,5 @@
-"""The learner function: ``run_gradient(job, state) -> ActorSummary``, the sibling of ``run_actor``.
+"""The learner function: ``run_gradient(job, state) -> ActorSummary``, the sibling of ``run_actor``,
+and ``run_lane(lane, state)``: a lane's consecutive jobs in one invocation.
 
 It reads the job's snapshot, the behaviour policy, the live versions and the batch from the cache,
 computes the slice's gradient (``nitro.stellaris.gradient``) and writes it under the job's
@@ -8,6 +9,13 @@ key), so every backend runs it, bills it and reports its failure the same way. I
 Snapshots stay decoded in the warm state, as many as twice the versions one job reads: the next
 job at the same versions loads nothing. The summary's ``profile`` says where the job's time went
 (fetch, decode, forward-backward, write).
+
+A lane's invocation runs its jobs in order, each once its batch has landed and its snapshot is
+published, and pushes each job's summary to the round's answers list as it ends, so the parameter
+server applies it (and publishes the versions the lane's later jobs wait for) while the lane goes
+on. It returns at the first job not ready within ``linger_s``, or once ``budget_s`` has passed;
+the caller starts the rest in a new invocation. The lane's own summary is the one billed: its
+jobs' summaries carry ``billed_ms`` 0.
 """
 
 from __future__ import annotations
@@ -91,22 +99,22 @@ def snapshots_kept(job: Any) -> int:
     return 2 * (2 + len(job.live_keys))
 
 
-def run_gradient(event: Any, state: ActorState | None = None, *, memory_mb: int | None = None) -> ActorSummary:
-    """Compute and store one gradient job's gradient; summarise. Never raises."""
+def run_gradient(event: Any, state: ActorState | None = None, *, memory_mb: int | None = None,
+                 in_lane: int | None = None) -> ActorSummary:
+    """Compute and store one gradient job's gradient; summarise. Never raises. ``in_lane``: the
+    job's place in a lane's invocation (None: the job is its own invocation, billed by itself)."""
     from nitro.stellaris.jobs import GradientJob
 
     start = time.perf_counter()
     state = state if state is not None else ActorState()
     mem = memory_mb_of(state, memory_mb)
-    state.invocations += 1
+    if in_lane is None:
+        state.invocations += 1
 
     def summary(inv: str, ok: bool, error: str | None = None, **fields: Any) -> ActorSummary:
-        duration = time.perf_counter() - start
-        if not ok:
-            return ActorSummary.failed(inv, error or "failed", duration_s=duration,
-                                       billed_ms=math.ceil(duration * 1000), memory_mb=mem)
-        return ActorSummary(invocation_id=inv, ok=True, duration_s=duration, billed_ms=math.ceil(duration * 1000),
-                            memory_mb=mem, **fields)
+        # in a lane's invocation, the invocation is billed whole (``run_lane``), not its jobs
+        return _summary(inv, start, mem, billed=in_lane is None, error=None if ok else error or "failed",
+                        shared_invocation=bool(in_lane), **fields)
 
     try:
         job = event if isinstance(event, GradientJob) else GradientJob.model_validate(event)
@@ -170,3 +178,68 @@ def _kept(cache: Any, job: Any, summary: ActorSummary) -> ActorSummary:
         except Exception:
             pass
     return summary
+
+
+def run_lane(event: Any, state: ActorState | None = None, *, memory_mb: int | None = None) -> ActorSummary:
+    """Run a lane's jobs in order in this invocation (see the module docstring); summarise the
+    invocation (``steps``: the samples of the jobs it ran). Never raises."""
+    from nitro.stellaris.jobs import GradientLane
+
+    start = time.perf_counter()
+    state = state if state is not None else ActorState()
+    mem = memory_mb_of(state, memory_mb)
+    state.invocations += 1
+
+    try:
+        lane = event if isinstance(event, GradientLane) else GradientLane.model_validate(event)
+    except ValidationError as exc:
+        raw = event.get("invocation_id") if isinstance(event, dict) else None
+        return _summary(raw if isinstance(raw, str) and raw else "unknown", start, mem, billed=True,
+                        error=validation_message(exc, "gradient lane"))
+    first = lane.jobs[0]
+    client = None
+    try:
+        client = state.redis_client(first.cache_url, state.resolve_password(first.cache_credentials))
+        ran, steps = 0, 0
+        for job in lane.jobs:
+            if time.perf_counter() - start > lane.budget_s or not _ready(client, job, lane.linger_s):
+                break
+            answer = run_gradient(job, state, memory_mb=memory_mb, in_lane=ran)
+            client.rpush(lane.answers_key, answer.model_dump_json())
+            client.expire(lane.answers_key, job.ttl_s)
+            ran, steps = ran + 1, steps + answer.steps
+        done = _summary(lane.invocation_id, start, mem, billed=True, steps=steps)
+    except Exception as exc:  # the function never raises: the caller loses the job it was on, and goes on
+        done = _summary(lane.invocation_id, start, mem, billed=True, error=error_line(exc))
+    if client is not None:
+        from nitro.cache import TrajectoryCache
+
+        try:  # a resumed run bills the invocation from this
+            TrajectoryCache(client, first.run_id, ttl_s=first.ttl_s).put_summary(
+                lane.round, lane.invocation_id, done.model_dump_json())
+        except Exception:
+            pass
+    return done
+
+
+def _summary(inv: str, start: float, memory_mb: int, *, billed: bool, error: str | None = None,
+             **fields: Any) -> ActorSummary:
+    """An invocation's or a job's summary since ``start``: failed with ``error`` when one is given;
+    ``billed``: its duration is its bill (False: a job inside a lane's invocation)."""
+    duration = time.perf_counter() - start
+    billed_ms = math.ceil(duration * 1000) if billed else 0
+    if error is not None:
+        failed = ActorSummary.failed(inv, error, duration_s=duration, billed_ms=billed_ms, memory_mb=memory_mb)
+        return failed.model_copy(update=fields)
+    return ActorSummary(invocation_id=inv, ok=True, duration_s=duration, billed_ms=billed_ms, memory_mb=memory_mb,
+                        **fields)
+
+
+def _ready(client: Any, job: Any, linger_s: float) -> bool:
+    """Whether the job's batch and snapshot are in the cache within ``linger_s``."""
+    deadline = time.perf_counter() + linger_s
+    while client.exists(job.batch_key, job.snapshot_key) < 2:
+        if time.perf_counter() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True

@@ -1,18 +1,24 @@
-"""A gradient job: the data-only event a learner function receives, and the keys it reads and writes.
+"""A gradient job and a lane of them: the data-only events a learner function receives, and the
+keys it reads and writes.
 
 Every key lives under the round's prefix in the trajectory cache, so it carries the cache's TTL
 and is deleted with the round: ``...:snapshot:{attempt}:v{version}`` (a parameter-server version: policy and
-critic, safetensors) and ``...:gradient:{invocation_id}`` (the function's answer, safetensors),
-both distinct per attempt at the round.
+critic, safetensors), ``...:gradient:{invocation_id}`` (the function's answer, safetensors) and
+``...:answers:{attempt}`` (a list: the summary of each job a lane's invocation ran, pushed as it
+ends, which the parameter server reads while the lane goes on), all distinct per attempt at the round.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nitro.actors.events import ActorSummary
 from nitro.cache import TrajectoryCache
+
+POLL_S = 0.05  # a job's poll for its batch in the cache (versions and answers are signalled in process)
 
 SNAPSHOT_FORMAT = "nitro.snapshot/1"
 GRADIENT_FORMAT = "nitro.gradient/1"
@@ -29,6 +35,16 @@ def snapshot_key(cache: TrajectoryCache, round_idx: int, attempt: str, version: 
     """A version's snapshot in one attempt at the round: a resumed attempt publishes its own,
     and never reads the versions a dead attempt published (they may differ from its own)."""
     return f"{cache.round_prefix(round_idx)}:snapshot:{attempt}:v{version:07d}"
+
+
+def lane_invocation_id(run_id: str, round_idx: int, attempt: str, lane: int, part: int) -> str:
+    """The ``part``-th invocation of learner function ``lane`` in one attempt at the round: a lane
+    whose next job is not ready within the linger returns, and the rest of its jobs start another."""
+    return f"{run_id}-r{round_idx:05d}-{attempt}-l{lane:03d}-i{part:05d}"
+
+
+def answers_key(cache: TrajectoryCache, round_idx: int, attempt: str) -> str:
+    return f"{cache.round_prefix(round_idx)}:answers:{attempt}"
 
 
 def gradient_key(cache: TrajectoryCache, round_idx: int, invocation_id: str) -> str:
@@ -60,3 +76,34 @@ class GradientJob(BaseModel):
     cache_url: str = Field(min_length=1)
     cache_credentials: dict[str, str] = Field(default_factory=dict)
     ttl_s: int = Field(86_400, ge=1)
+
+
+class GradientLane(BaseModel):
+    """Consecutive jobs of one learner function (seeded schedule), run in one invocation: each as
+    soon as its batch has landed and its snapshot is published, waiting at most ``linger_s`` for
+    it; the function returns at the first job not ready by then, or once ``budget_s`` has passed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["gradient-lane"] = "gradient-lane"
+    invocation_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")
+    round: int = Field(ge=0)
+    lane: int = Field(ge=0)
+    jobs: list[GradientJob] = Field(min_length=1)
+    answers_key: str = Field(min_length=1)
+    linger_s: float = Field(ge=0)
+    budget_s: float = Field(gt=0, description="no job starts after this many seconds of the invocation")
+
+
+def wait_for_batch(cache: TrajectoryCache, job: GradientJob, deadline: float, wait_s: float) -> str | None:
+    """Wait (until ``deadline`` on ``time.perf_counter``) for the job's batch to land; None once it
+    has, or one line on why it will not: its actor failed, or ``wait_s`` passed."""
+    client = cache.client
+    while not client.exists(job.batch_key):
+        raw = client.get(cache.summary_key(job.round, job.actor_id))
+        if raw is not None and not ActorSummary.model_validate_json(raw).ok:
+            return f"gradient job not started: actor {job.actor_id} failed, its batch will not land"
+        if time.perf_counter() > deadline:
+            return f"gradient job not started: its batch was not in the cache within {wait_s:g} s"
+        time.sleep(POLL_S)
+    return None

@@ -5,17 +5,18 @@ actor, slice). Which snapshot version each job computes against, and which gradi
 parameter server applies together, come from one of two schedules (``learner.schedule``):
 
 * seeded: a discrete-event schedule drawn from the run's seed (``nitro.stellaris.schedule``) names
-  each job's version and the versions live beside it; ``serve`` waits for each gradient in the
-  schedule's order (never past ``gradient_timeout_s``), checks it at the door, applies the
-  schedule's groups and publishes each new version. Real functions run the jobs, on any backend,
-  so a run repeats exactly.
-* measured: the jobs start in FIFO order on ``lanes`` learner functions at once, each against the
+  each job's lane, version and the versions live beside it; each lane's jobs run in as few
+  invocations as their readiness allows (``nitro.stellaris.lanes``), and ``serve`` takes each
+  gradient in the schedule's order (never past ``gradient_timeout_s``), checks it at the door,
+  applies the schedule's groups and publishes each new version. A run repeats exactly.
+* measured: each job is its own invocation; they start in FIFO order on ``lanes`` at once, each against the
   version published when it starts (the versions other running jobs hold are its live ones);
   ``serve`` takes the gradients as they land, reads each one's staleness at its landing and
   applies the pending ones whenever the trigger (``nitro.stellaris.aggregation.should_apply``)
   says so. The staleness is what the functions' real timing made it; a run does not repeat.
 
-Either way the schedule replayed with the measured durations is the round's projected learner time.
+Either way the schedule replayed with the measured durations is the round's projected learner time
+(``nitro.run.updates.StellarisUpdate.serve``).
 
 Stated rules: a job whose batch never lands, whose function fails, or whose gradient is late or
 fails the door is lost: its slice is not trained on in this round, the schedule's version still
@@ -49,16 +50,15 @@ from nitro.learners.behaviour import BehaviourPolicies
 from nitro.learners.ppo import PPOLearner
 from nitro.stellaris.aggregation import BoundState, should_apply
 from nitro.stellaris.arrivals import InFlight
-from nitro.stellaris.jobs import GradientJob, gradient_job_id, gradient_key, snapshot_key
+from nitro.stellaris.jobs import GradientJob, gradient_job_id, gradient_key, snapshot_key, wait_for_batch
+from nitro.stellaris.lanes import SeededLanes
 from nitro.stellaris.noise import NoiseGroups
-from nitro.stellaris.schedule import GradientSchedule, LatencyModel, replay, simulate
+from nitro.stellaris.schedule import GradientSchedule, LatencyModel, simulate
 from nitro.stellaris.server import Landed, ParameterServer, Served
 from nitro.stellaris.wire import Gradient, GradientError, check_gradient
 from nitro.validation import BatchError, Bounds, batch_version, decode_batch_meta
 
 log = logging.getLogger("nitro")
-
-POLL_S = 0.05  # a job's poll for its batch in the cache (versions and answers are signalled in process)
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,10 @@ class StellarisLearning:
         # The jobs' tasks run in this process beside the parameter server: a published version and
         # a job's answer are signalled here, not polled for in Redis.
         self._signal = threading.Condition()
+        self._relaying = threading.Lock()
         self._published = -1
         self._answers: dict[str, ActorSummary] = {}
+        self.lanes = SeededLanes(cache, run_id, config.learner, config.backend.timeout_s)
         self._flight = InFlight()
 
     # -- sizes ------------------------------------------------------------------------------------
@@ -139,6 +141,8 @@ class StellarisLearning:
 
         if self._flight.measured:
             # the version each job names is the round's first: the one it takes is bound as it starts
+            with self._signal:
+                self.lanes.end()
             return GradientPlan([job(j, self.server.version, []) for j in range(len(order))], None, lanes, bound,
                                 attempt, measured=True)
         rng = np.random.default_rng([self.config.seed, k, 0x57E11A])
@@ -156,6 +160,8 @@ class StellarisLearning:
                     sorted({o.snapshot_version for o in schedule.jobs
                             if o.start_s <= sj.start_s < o.end_s and o.snapshot_version != sj.snapshot_version}))
                 for sj in schedule.jobs]
+        with self._signal:
+            self.lanes.begin(k, attempt, jobs)
         return GradientPlan(jobs, schedule.to_dict(), lanes, bound, attempt)
 
     def _publish(self, k: int, attempt: str) -> None:
@@ -168,6 +174,25 @@ class StellarisLearning:
         return self.bound.bound(self.rounds_trained + 1, self.config.learner.decay)
 
     # -- a lane's jobs and a job's start ----------------------------------------------------------
+
+    def invocation_ids(self, plan: GradientPlan) -> list[str]:
+        """The ids of the round's learner-function invocations, each of which starts only once its
+        inputs are ready: a seeded round's lanes' (``SeededLanes.invocation_ids``), or one per job."""
+        if plan.measured:
+            return [job.invocation_id for job in plan.jobs]
+        assert plan.schedule is not None  # a seeded plan with jobs carries its schedule
+        return self.lanes.invocation_ids([sj["lane"] for sj in plan.schedule["jobs"]])
+
+    def relay(self, block_s: float = 0.0) -> None:
+        """Hand the answers the lanes' invocations pushed so far to the parameter server (waiting up
+        to ``block_s`` for the first): when it returns, every answer pushed before has been handed."""
+        with self._relaying:  # one reader at a time: an answer is never popped and not yet handed
+            for job, summary in self.lanes.pop(block_s):
+                self.answered(job, summary)
+
+    def has_answer(self, job: GradientJob) -> bool:
+        with self._signal:
+            return job.invocation_id in self._answers
 
     def lane_jobs(self, plan: GradientPlan, lane: int) -> Iterator[GradientJob]:
         """The jobs learner function ``lane`` runs, one after another: the schedule's jobs on that
@@ -192,7 +217,7 @@ class StellarisLearning:
         is free; it is bound to the version published then, beside the versions the running jobs hold."""
         wait_s = self.config.round_deadline_s
         deadline = time.perf_counter() + wait_s
-        reason = self._wait_for_batch(job, deadline, wait_s)
+        reason = wait_for_batch(self.cache, job, deadline, wait_s)
         if self._flight.measured:
             return self._take_lane(job, reason, deadline, wait_s)
         if reason is not None:
@@ -202,17 +227,6 @@ class StellarisLearning:
                                      timeout=max(0.0, deadline - time.perf_counter())):
                 return job
         return f"gradient job not started: its snapshot was not published within {wait_s:g} s"
-
-    def _wait_for_batch(self, job: GradientJob, deadline: float, wait_s: float) -> str | None:
-        client = self.cache.client
-        while not client.exists(job.batch_key):
-            raw = client.get(self.cache.summary_key(job.round, job.actor_id))
-            if raw is not None and not ActorSummary.model_validate_json(raw).ok:
-                return f"gradient job not started: actor {job.actor_id} failed, its batch will not land"
-            if time.perf_counter() > deadline:
-                return f"gradient job not started: its batch was not in the cache within {wait_s:g} s"
-            time.sleep(POLL_S)
-        return None
 
     def _take_lane(self, job: GradientJob, reason: str | None, deadline: float, wait_s: float) -> GradientJob | str:
         """The measured start gate: FIFO over the round's jobs, at most ``lanes`` running. A job that
@@ -238,6 +252,8 @@ class StellarisLearning:
         if not summary.ok:
             self.cache.put_summary(job.round, job.invocation_id, summary.model_dump_json())
         with self._signal:
+            if job.invocation_id in self._answers:  # the first answer counts (a lane's, or the task's)
+                return
             self._answers[job.invocation_id] = summary
             if job.invocation_id in self._flight.started:  # a job of this round's that held a function
                 self._flight.running.pop(job.job, None)
@@ -371,11 +387,19 @@ class StellarisLearning:
             served.count("receiving", started)
 
     def _wait_answer(self, job: GradientJob) -> ActorSummary | None:
-        """The job's answer, or None when none came within ``gradient_timeout_s``."""
-        with self._signal:
-            self._signal.wait_for(lambda: job.invocation_id in self._answers,
-                                  timeout=self.config.learner.gradient_timeout_s)
-            return self._answers.get(job.invocation_id)
+        """The job's answer, or None when none came within ``gradient_timeout_s``: seeded, as the
+        lanes' invocations push it to the cache (or their tasks hand it over, for a job lost before
+        or around its invocation)."""
+        deadline = time.perf_counter() + self.config.learner.gradient_timeout_s
+        while True:
+            with self._signal:
+                if job.invocation_id in self._answers or self.lanes.key is None:
+                    self._signal.wait_for(lambda: job.invocation_id in self._answers,
+                                          timeout=max(0.0, deadline - time.perf_counter()))
+                    return self._answers.get(job.invocation_id)
+            if (left := deadline - time.perf_counter()) <= 0:
+                return None
+            self.relay(block_s=min(left, 0.2))
 
     def _read_gradient(self, job: GradientJob, answer: ActorSummary | None) -> bytes | str:
         """The gradient's bytes, or one line on why none will come (the job failed or is late)."""
@@ -409,20 +433,7 @@ class StellarisLearning:
         served.batches[job.actor_id] = arrays
         return True
 
-    # -- the clock and the budget -----------------------------------------------------------------
-
-    def projected_update_s(self, plan: GradientPlan, answers: dict[str, ActorSummary], invoke_s: float,
-                           busy_s: float, versions: int) -> tuple[float, float]:
-        """The round replayed with what was measured (``nitro.stellaris.schedule.replay``): each batch
-        lands ``invoke_s`` + its actor's duration after the round's start, each job takes ``invoke_s``
-        + its function's duration. Returns the round's learning on the Lambda clock and its part after
-        the first batch landed."""
-        def took(inv: str) -> float:
-            return invoke_s + (answers[inv].duration_s if inv in answers else 0.0)
-
-        return replay([took(j.actor_id) for j in plan.jobs], [took(j.invocation_id) for j in plan.jobs],
-                      lanes=plan.lanes, bound=plan.bound, trigger_k=self.config.learner.trigger_k or plan.lanes,
-                      busy_s=busy_s, versions=versions)
+    # -- checkpoints ------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
         return {"version": self.server.version, "bound": self.bound.to_dict(), "rounds_trained": self.rounds_trained,

@@ -1,0 +1,62 @@
+"""A seeded round's learner functions as invocations (``learner.schedule: seeded``): each lane's
+jobs run in as few invocations as their readiness allows (``nitro.stellaris.function.run_lane``),
+and every job's answer comes back through one Redis list per attempt at the round, which the
+parameter server reads while the lanes go on (an invocation answers only when it ends).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from nitro.actors.events import ActorSummary
+from nitro.cache import TrajectoryCache
+from nitro.config import LearnerConfig
+from nitro.stellaris.jobs import GradientJob, GradientLane, answers_key, lane_invocation_id
+
+
+class SeededLanes:
+    """The lanes of one attempt at a round: their invocations' events and ids, and the answers
+    their jobs pushed. ``key`` is None for a measured round (each job is its own invocation)."""
+
+    def __init__(self, cache: TrajectoryCache, run_id: str, learner: LearnerConfig, invocation_timeout_s: float):
+        self.cache, self.run_id, self.learner = cache, run_id, learner
+        self.invocation_timeout_s = invocation_timeout_s
+        self.key: str | None = None
+        self.round, self.attempt = 0, ""
+        self.jobs: dict[str, GradientJob] = {}  # the round's jobs by invocation id
+
+    def begin(self, k: int, attempt: str, jobs: Sequence[GradientJob]) -> None:
+        self.key, self.round, self.attempt = answers_key(self.cache, k, attempt), k, attempt
+        self.jobs = {job.invocation_id: job for job in jobs}
+
+    def end(self) -> None:
+        """A measured round (or none): no lane pushes answers."""
+        self.key, self.jobs = None, {}
+
+    def invocation_ids(self, lane_of_job: Sequence[int]) -> list[str]:
+        """Every invocation the lanes may start (``lane_of_job``: each job's lane): at most one per
+        job on a lane (each of its jobs may start one, when the one before it was not ready within
+        the linger)."""
+        return [lane_invocation_id(self.run_id, self.round, self.attempt, lane, part)
+                for lane in sorted(set(lane_of_job)) for part in range(lane_of_job.count(lane))]
+
+    def event(self, lane: int, part: int, jobs: list[GradientJob]) -> GradientLane:
+        """The ``part``-th invocation of ``lane``, for its ``jobs`` still to run, in order. No job
+        starts after half the invocation's deadline, so the invocation ends inside it."""
+        assert self.key is not None, "a lane's invocation belongs to a seeded round"
+        return GradientLane(invocation_id=lane_invocation_id(self.run_id, self.round, self.attempt, lane, part),
+                            round=self.round, lane=lane, jobs=jobs, answers_key=self.key,
+                            linger_s=self.learner.lane_linger_s, budget_s=self.invocation_timeout_s / 2)
+
+    def pop(self, block_s: float = 0.0) -> list[tuple[GradientJob, ActorSummary]]:
+        """The answers pushed since the last call, with their jobs (waiting up to ``block_s`` for the
+        first, when none is there)."""
+        if self.key is None:
+            return []
+        client = self.cache.client
+        first = client.blpop([self.key], timeout=block_s) if block_s > 0 else None
+        raw = [first[1]] if first else []
+        while more := client.lpop(self.key, 64):
+            raw.extend(more if isinstance(more, list) else [more])
+        answers = [ActorSummary.model_validate_json(item) for item in raw]
+        return [(self.jobs[a.invocation_id], a) for a in answers if a.invocation_id in self.jobs]
