@@ -77,17 +77,20 @@ def test_a_stellaris_run_repeats_exactly_and_bills_its_functions(prefect_api, re
     assert float(run.data.tags["cost.learner_per_hour"]) == 0.085  # the parameter server's instance
 
 
-def test_a_stellaris_run_through_the_lambda_invoke_api(prefect_api, redis_url, tmp_path, monkeypatch):
+@pytest.mark.parametrize("schedule", ["measured", "seeded"])
+def test_a_stellaris_run_through_the_lambda_invoke_api(prefect_api, redis_url, tmp_path, monkeypatch, schedule):
     """On Lambda the schedule is measured by default: the jobs take the versions they find and the
-    parameter server applies the gradients as they land, one step and one version per group."""
+    parameter server applies the gradients as they land, one step and one version per group.
+    Seeded, a lane's invocation (``GradientLane``) runs its ready jobs through the same Invoke API."""
     aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     for var, value in aws.items():
         monkeypatch.setenv(var, value)
     with InvokeServer([FunctionSpec("nitro-actor", concurrency=4, timeout_s=60)]) as server:
         result, _, history = _train(
             tmp_path,
-            "stellaris-lambda",
+            f"stellaris-lambda-{schedule}",
             redis_url,
+            *(("learner.schedule=seeded",) if schedule == "seeded" else ()),
             f"backend.lambda.endpoint_url={server.url}",
             "backend.lambda.concurrency=4",
             "backend.lambda.function_timeout_s=60",
