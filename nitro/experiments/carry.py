@@ -4,7 +4,8 @@ A study that outlives one machine (its MLflow store and checkpoints stay behind)
 report: ``results.json`` keeps every finished cell's row, its config and the machine it ran on,
 and the rounds file (``rounds.py``) its per-round history. A cell finished there is carried into
 the next report as it was, and the runner does not train it again. Only a finished cell with the
-same run id and the same training config is carried; anything else runs here.
+same run id and the same training config (fields added to the config since at their defaults) is
+carried; anything else runs here.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nitro.config import ConfigError, NitroConfig
 from nitro.experiments.cells import Cell, cell_config, cell_run_id, replay_partner
 from nitro.experiments.rounds import read_rounds
 from nitro.experiments.spec import ExperimentSpec
@@ -40,6 +42,17 @@ def training_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(out.get("scaler"), Mapping):
         out["scaler"] = {k: v for k, v in out["scaler"].items() if k not in PARTNER_FIELDS}
     return out
+
+
+def with_defaults(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A config as a report saved it, with the fields added to the config since at their defaults:
+    a field the cell's code did not have did not change what it trained. (A changed default is not
+    filled in: the saved config names the old value, and the cell runs again.) A config that no
+    longer validates is returned as saved, and matches nothing."""
+    try:
+        return NitroConfig.load(dict(saved)).model_dump(mode="json")
+    except ConfigError:
+        return dict(saved)
 
 
 def carried_runs(out_dir: str | Path, spec: ExperimentSpec, cells: Sequence[Cell]) -> dict[str, CarriedRun]:
@@ -68,7 +81,8 @@ def carried_runs(out_dir: str | Path, spec: ExperimentSpec, cells: Sequence[Cell
         if cell is None or row.get("status") != "FINISHED" or row.get("nitro_run_id") != cell_run_id(spec.name, cell):
             continue
         saved = configs.get(cell.key)
-        if saved is None or training_config(saved) != training_config(cell_config(spec, cell).model_dump(mode="json")):
+        if saved is None or training_config(with_defaults(saved)) != training_config(
+                cell_config(spec, cell).model_dump(mode="json")):
             continue
         carried[cell.key] = CarriedRun(row={**row, "machine": row.get("machine") or report_machine},
                                        history=rounds.get(row["run_name"], []),
