@@ -173,8 +173,36 @@ def test_close_while_busy_answers_with_a_failed_summary_and_frees_the_cpu(cluste
     assert not late.ok and "closed" in late.error
     b.close()  # idempotent
     assert ray.is_initialized()  # a Ray the backend joined is left running
-    # Ray frees the CPU once the killed worker is reaped, which a loaded host has taken over 30 s to do
+    # Ray frees the CPU once the killed worker is reaped, which a loaded host has taken over 30 s to
+    # do; a cancel Ray lost ends the task at the worker's own deadline (60 s + WORKER_GRACE_S)
     assert becomes_true(lambda: _cpus_free() == 2.0, timeout_s=120), ray.available_resources()
+
+
+def _run_in_worker_process(seed: int, deadline_s: float, after_s: float) -> subprocess.CompletedProcess:
+    """``run_in_ray_worker`` in a plain process on a scripted event; the process then lives
+    ``after_s`` more seconds and prints the summary."""
+    spec = json.dumps({"actor_fn": HELPER, "memory_mb": 256, "preload": [], "deadline_s": deadline_s})
+    code = textwrap.dedent(f"""
+        import sys, time
+        from nitro.actors.ray_worker import run_in_ray_worker
+        out = run_in_ray_worker({spec!r}.encode(), {_event(0, seed=seed).model_dump_json()!r}.encode())
+        time.sleep({after_s!r})
+        print(out.decode())
+    """)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_a_task_past_its_deadline_ends_its_worker_process_and_one_that_answers_in_time_does_not():
+    """The backstop for a force cancel Ray loses: the hanging task's process exits by itself."""
+    from nitro.actors.ray_worker import EXIT_PAST_DEADLINE
+
+    hung = _run_in_worker_process(seed=3, deadline_s=1.0, after_s=0.0)
+    assert hung.returncode == EXIT_PAST_DEADLINE, hung.stderr[-2000:]
+    assert "still running 1 s after it started" in hung.stderr
+    answered = _run_in_worker_process(seed=0, deadline_s=1.0, after_s=2.0)  # lives past the deadline
+    assert answered.returncode == 0, answered.stderr[-2000:]
+    assert json.loads(answered.stdout)["ok"] is True
 
 
 def test_failure_reasons_of_ray_errors_are_one_line():

@@ -8,6 +8,8 @@ trajectory cache under its invocation id.
 from __future__ import annotations
 
 import json
+import math
+import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -93,6 +95,20 @@ class ActorSummary(BaseModel):
         line = " ".join(str(error).split())[:500]
         return cls(invocation_id=invocation_id, ok=False, error=line, duration_s=duration_s, billed_ms=billed_ms,
                    memory_mb=memory_mb)
+
+    @classmethod
+    def since(cls, invocation_id: str, start: float, memory_mb: int, *, error: str | None = None,
+              billed: bool = True, **fields: Any) -> ActorSummary:
+        """An invocation's summary for its time since ``start`` (``time.perf_counter()``), failed
+        with ``error`` when one is given. ``billed``: the duration is the invocation's bill (False:
+        a job inside a learner lane's invocation, which is billed whole)."""
+        duration = time.perf_counter() - start
+        billed_ms = math.ceil(duration * 1000) if billed else 0
+        if error is not None:
+            failed = cls.failed(invocation_id, error, duration_s=duration, billed_ms=billed_ms, memory_mb=memory_mb)
+            return failed.model_copy(update=fields)
+        return cls(invocation_id=invocation_id, ok=True, duration_s=duration, billed_ms=billed_ms,
+                   memory_mb=memory_mb, **fields)
 
 
 UNKNOWN_INVOCATION = "unknown"  # the id of an event that names none

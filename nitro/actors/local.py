@@ -23,7 +23,6 @@ import contextlib
 import itertools
 import json
 import logging
-import math
 import os
 import queue
 import signal
@@ -342,11 +341,9 @@ class LocalActorPool:
         start = time.perf_counter()
 
         def failed(reason: str) -> ActorSummary:
-            duration = time.perf_counter() - start
             with self._lock:
                 self.failures += 1
-            return ActorSummary.failed(inv, reason, duration_s=duration, billed_ms=math.ceil(duration * 1000),
-                                       memory_mb=self.memory_mb)
+            return ActorSummary.since(inv, start, self.memory_mb, error=reason)
 
         healthy = False
         try:

@@ -17,7 +17,8 @@ How it talks to Ray (docs/ray.md, docs/decisions.md "Ray"):
   and its deadline (``timeout_s``) starts when it is submitted, so a queued invocation does not
   burn its time; every submitted one ends by its deadline, so the wait for a slot ends too.
 * An invocation past its deadline is cancelled with ``force=True`` (its worker process is killed,
-  its CPU freed) and comes back as a failed summary; so do an actor that raises, a worker that
+  its CPU freed; a task that outlives the cancel ends its own worker ``WORKER_GRACE_S`` later)
+  and comes back as a failed summary; so do an actor that raises, a worker that
   dies (segfault, ``os._exit``, a kill by the kernel's OOM killer), Ray's own out-of-memory kill,
   a cancelled task and a Ray that cannot be reached. The backend never raises into the round.
 * Duplicates: an invocation id that already succeeded is answered from memory, and calls for an
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
 from collections import OrderedDict
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 UNKNOWN = UNKNOWN_INVOCATION  # the id of an event that names none
 SLOT_POLL_S = 1.0  # a caller waiting for a slot looks again this often (the cluster may have grown)
 GET_TIMEOUT_S = 30.0  # reading a finished task's few-kB answer
+WORKER_GRACE_S = 10.0  # a task still running this long past its deadline ends its worker (ray_worker)
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -97,7 +98,8 @@ class RayActorBackend:
         self.actor_fn = actor_fn
         default_preload = ("nitro.actors.rollout",) if actor_fn == DEFAULT_ACTOR_FN else ()
         preload = tuple(preload) if preload is not None else default_preload
-        self._spec = json.dumps({"actor_fn": actor_fn, "memory_mb": self.memory_mb, "preload": list(preload)}).encode()
+        self._spec = json.dumps({"actor_fn": actor_fn, "memory_mb": self.memory_mb, "preload": list(preload),
+                                 "deadline_s": self.timeout_s + WORKER_GRACE_S}).encode()
         self.session = RaySession.open(self.cfg, cpus=int(cpus or os.cpu_count() or 1))
         self._task = ray.remote(run_in_ray_worker).options(
             num_cpus=self.session.cpus_per_job, num_gpus=self.session.gpus_per_job, max_retries=0,
@@ -189,12 +191,10 @@ class RayActorBackend:
         refused = self._take_slot()
         if refused is not None:
             return ActorSummary.failed(inv, refused, memory_mb=self.memory_mb)
-        start = time.monotonic()
+        start = time.perf_counter()
 
         def failed(reason: str) -> ActorSummary:
-            duration = time.monotonic() - start
-            return ActorSummary.failed(inv, reason, duration_s=duration, billed_ms=math.ceil(duration * 1000),
-                                       memory_mb=self.memory_mb)
+            return ActorSummary.since(inv, start, self.memory_mb, error=reason)
 
         try:
             try:
@@ -324,7 +324,8 @@ class RayActorBackend:
 def _cancel_until_ended(refs: list[Any], deadline: float) -> None:
     """Cancel ``refs`` with force, again each second until Ray reports each ended or ``deadline``
     (a ``time.monotonic()`` value) passes. A cancel that reaches a task while it is being handed
-    to its worker can be lost, and the task then runs to its end on its CPU after the close."""
+    to its worker can be lost; the task then ends its own worker at its deadline
+    (``WORKER_GRACE_S`` past the backend's timeout, ``nitro.actors.ray_worker``)."""
     import ray
 
     pending = list(refs)

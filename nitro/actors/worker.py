@@ -22,7 +22,6 @@ envs, Atari games and policies by env id, and the last weights (key and decoded 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections.abc import Callable
@@ -143,9 +142,7 @@ def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = Non
     state.invocations += 1
 
     def failed(reason: str, inv: str) -> ActorSummary:
-        duration = time.perf_counter() - start
-        return ActorSummary.failed(inv, reason, duration_s=duration, billed_ms=math.ceil(duration * 1000),
-                                   memory_mb=mem)
+        return ActorSummary.since(inv, start, mem, error=reason)
 
     if isinstance(event, ActorEvent):
         ev = event
@@ -185,12 +182,10 @@ def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = Non
             played = evaluate(state.weights, ev.env_id, ev.seed, ev.n_episodes, max_steps=ev.n_steps,
                               deterministic=ev.mode == "eval_deterministic", policy=policy,
                               env=_env(state, ev.env_id))
-            duration = time.perf_counter() - start
-            return _kept(cache, ev, ActorSummary(
-                invocation_id=ev.invocation_id, ok=True, steps=played.steps,
+            return _kept(cache, ev, ActorSummary.since(
+                ev.invocation_id, start, mem, steps=played.steps,
                 episode_returns=[float(x) for x in played.episode_returns],
                 episode_lengths=[int(x) for x in played.episode_lengths],
-                duration_s=duration, billed_ms=math.ceil(duration * 1000), memory_mb=mem,
             ))
 
         resume = []
@@ -224,18 +219,13 @@ def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = Non
         if not stored:
             log.info("duplicate delivery of %s: batch already stored, not enqueued again", ev.invocation_id)
         summary = result.summary
-        duration = time.perf_counter() - start
-        return _kept(cache, ev, ActorSummary(
-            invocation_id=ev.invocation_id,
-            ok=True,
+        return _kept(cache, ev, ActorSummary.since(
+            ev.invocation_id, start, mem,
             steps=int(summary.steps),
             episode_returns=[float(x) for x in summary.episode_returns],
             episode_lengths=[int(x) for x in summary.episode_lengths],
-            duration_s=duration,
-            billed_ms=math.ceil(duration * 1000),
             batch_key=key,
             batch_bytes=len(payload),
-            memory_mb=mem,
             continued=bool(resume),
             episode_key=episode_key,
         ))

@@ -20,7 +20,6 @@ jobs' summaries carry ``billed_ms`` 0.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -113,8 +112,8 @@ def run_gradient(event: Any, state: ActorState | None = None, *, memory_mb: int 
 
     def summary(inv: str, ok: bool, error: str | None = None, **fields: Any) -> ActorSummary:
         # in a lane's invocation, the invocation is billed whole (``run_lane``), not its jobs
-        return _summary(inv, start, mem, billed=in_lane is None, error=None if ok else error or "failed",
-                        shared_invocation=bool(in_lane), **fields)
+        return ActorSummary.since(inv, start, mem, billed=in_lane is None, error=None if ok else error or "failed",
+                                  shared_invocation=bool(in_lane), **fields)
 
     try:
         job = event if isinstance(event, GradientJob) else GradientJob.model_validate(event)
@@ -194,8 +193,8 @@ def run_lane(event: Any, state: ActorState | None = None, *, memory_mb: int | No
         lane = event if isinstance(event, GradientLane) else GradientLane.model_validate(event)
     except ValidationError as exc:
         raw = event.get("invocation_id") if isinstance(event, dict) else None
-        return _summary(raw if isinstance(raw, str) and raw else "unknown", start, mem, billed=True,
-                        error=validation_message(exc, "gradient lane"))
+        return ActorSummary.since(raw if isinstance(raw, str) and raw else "unknown", start, mem,
+                                  error=validation_message(exc, "gradient lane"))
     first = lane.jobs[0]
     client = None
     try:
@@ -208,9 +207,9 @@ def run_lane(event: Any, state: ActorState | None = None, *, memory_mb: int | No
             client.rpush(lane.answers_key, answer.model_dump_json())
             client.expire(lane.answers_key, job.ttl_s)
             ran, steps = ran + 1, steps + answer.steps
-        done = _summary(lane.invocation_id, start, mem, billed=True, steps=steps)
+        done = ActorSummary.since(lane.invocation_id, start, mem, steps=steps)
     except Exception as exc:  # the function never raises: the caller loses the job it was on, and goes on
-        done = _summary(lane.invocation_id, start, mem, billed=True, error=error_line(exc))
+        done = ActorSummary.since(lane.invocation_id, start, mem, error=error_line(exc))
     if client is not None:
         from nitro.cache import TrajectoryCache
 
@@ -220,19 +219,6 @@ def run_lane(event: Any, state: ActorState | None = None, *, memory_mb: int | No
         except Exception:
             pass
     return done
-
-
-def _summary(inv: str, start: float, memory_mb: int, *, billed: bool, error: str | None = None,
-             **fields: Any) -> ActorSummary:
-    """An invocation's or a job's summary since ``start``: failed with ``error`` when one is given;
-    ``billed``: its duration is its bill (False: a job inside a lane's invocation)."""
-    duration = time.perf_counter() - start
-    billed_ms = math.ceil(duration * 1000) if billed else 0
-    if error is not None:
-        failed = ActorSummary.failed(inv, error, duration_s=duration, billed_ms=billed_ms, memory_mb=memory_mb)
-        return failed.model_copy(update=fields)
-    return ActorSummary(invocation_id=inv, ok=True, duration_s=duration, billed_ms=billed_ms, memory_mb=memory_mb,
-                        **fields)
 
 
 def _ready(client: Any, job: Any, linger_s: float) -> bool:

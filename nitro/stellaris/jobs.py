@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from nitro.actors.events import ActorSummary
 from nitro.cache import TrajectoryCache
 
-POLL_S = 0.05  # a job's poll for its batch in the cache (versions and answers are signalled in process)
+POLL_S = 0.05  # a job's poll for its batch in the cache (a batch lands from another process, unsignalled)
 
 SNAPSHOT_FORMAT = "nitro.snapshot/1"
 GRADIENT_FORMAT = "nitro.gradient/1"

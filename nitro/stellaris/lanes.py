@@ -6,6 +6,7 @@ parameter server reads while the lanes go on (an invocation answers only when it
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from nitro.actors.events import ActorSummary
@@ -37,8 +38,9 @@ class SeededLanes:
         """Every invocation the lanes may start (``lane_of_job``: each job's lane): at most one per
         job on a lane (each of its jobs may start one, when the one before it was not ready within
         the linger)."""
+        jobs_per_lane = Counter(lane_of_job)
         return [lane_invocation_id(self.run_id, self.round, self.attempt, lane, part)
-                for lane in sorted(set(lane_of_job)) for part in range(lane_of_job.count(lane))]
+                for lane in sorted(jobs_per_lane) for part in range(jobs_per_lane[lane])]
 
     def event(self, lane: int, part: int, jobs: list[GradientJob]) -> GradientLane:
         """The ``part``-th invocation of ``lane``, for its ``jobs`` still to run, in order. No job

@@ -249,11 +249,11 @@ class StellarisLearning:
     def answered(self, job: GradientJob, summary: ActorSummary) -> None:
         """A job's answer, for the parameter server; a failed one is also left in the cache, where a
         resumed run bills it (the function leaves its own when it can). Frees its learner function."""
-        if not summary.ok:
-            self.cache.put_summary(job.round, job.invocation_id, summary.model_dump_json())
         with self._signal:
             if job.invocation_id in self._answers:  # the first answer counts (a lane's, or the task's)
                 return
+            if not summary.ok:  # before the round can see it answered, so a resume finds it
+                self.cache.put_summary(job.round, job.invocation_id, summary.model_dump_json())
             self._answers[job.invocation_id] = summary
             if job.invocation_id in self._flight.started:  # a job of this round's that held a function
                 self._flight.running.pop(job.job, None)
