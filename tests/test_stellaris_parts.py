@@ -189,6 +189,49 @@ def test_a_lanes_invocation_runs_its_ready_jobs_and_stops_at_one_not_ready(redis
     assert ActorSummary.model_validate_json(stored[lane.invocation_id]) == summary  # what a resume bills
 
 
+def test_a_measured_lanes_invocation_takes_the_next_jobs_in_line_and_frees_each_place(redis_url, redis_client):
+    """A measured lane's invocation (in a real worker process) runs the job its lane took for it,
+    then takes each next job in line from the round's gate itself, bound to the version published
+    then beside the versions running jobs hold (here another function's job 0, at v5), and frees
+    its place in the gate with each answer. It returns at the first job whose batch is not in the
+    cache within the linger, leaving that job untaken for the next invocation."""
+    from nitro.actors.events import ActorSummary
+    from nitro.actors.local import LocalActorPool
+    from nitro.cache import TrajectoryCache
+    from nitro.stellaris.arrivals import Gate
+    from nitro.stellaris.jobs import GradientLane
+
+    job, want = gradient_job_and_expected(redis_url, redis_client, "pull")
+    cache = TrajectoryCache(redis_client, job.run_id, ttl_s=600)
+
+    def nth(index: int, **update):
+        inv = job.invocation_id.replace("g00000", f"g{index:05d}")
+        return job.model_copy(update={"job": index, "invocation_id": inv, **update})
+
+    planned = [nth(0), nth(1), nth(2), nth(3, batch_key=job.batch_key + "-not-landed")]
+    gate = Gate(cache, 1, "a1", lanes=2)
+    gate.open(planned, version=5)
+    assert gate.take(planned[0], by="another-function").snapshot_version == 5  # runs on, at v5
+    gate.publish(4)  # as the fixture's snapshot: jobs taken from now on compute at v4, v5 live
+    invocation = "pull-r00001-a1-m00001"
+    first = gate.take(planned[1], by=invocation)
+    assert (first.snapshot_key, first.live_keys) == (job.snapshot_key, job.live_keys)
+    lane = GradientLane(invocation_id=invocation, round=1, lane=0, jobs=[first], answers_key="nitro:pull:answers:a1",
+                        linger_s=0.3, budget_s=60, pulls=True, attempt="a1", lanes=2)
+    with LocalActorPool(workers=1, timeout_s=60) as pool:
+        summary = pool.invoke(lane)
+    assert summary.ok, summary.error
+    assert summary.steps == 80 and summary.billed_ms >= 300  # two jobs, and the linger for the third
+    answers = [ActorSummary.model_validate_json(raw) for raw in redis_client.lrange(lane.answers_key, 0, -1)]
+    assert [a.invocation_id for a in answers] == [planned[1].invocation_id, planned[2].invocation_id]
+    assert [a.shared_invocation for a in answers] == [False, True] and all(a.billed_ms == 0 for a in answers)
+    assert_function_gradient(answers[0], redis_client, planned[1], want)
+    assert_function_gradient(answers[1], redis_client, planned[2], want)  # pulled: v4, with v5 live
+    assert gate.took(invocation) == [1, 2] and gate.bound_version(2) == 4
+    assert redis_client.hgetall(gate.running) == {b"0": b"5"}  # its own places freed
+    assert gate.next_job() == 3  # not taken: its batch never landed
+
+
 def test_parameter_server_takes_one_step_per_group_on_the_weighted_mean(redis_client):
     """A group of two gradients (32 samples fresh, 96 samples at staleness 8: weight 8^(-1/3) =
     0.5) is one Adam step on (32 g0 + 96 * 0.5 g1) / (32 + 48) at lr * (32 + 48) / 128, driven by
@@ -412,9 +455,9 @@ def _ok(job):
 def test_measured_jobs_take_the_version_they_find_and_land_as_simulate_says(redis_client, redis_url):
     """The hand-worked schedule of ``test_hand_worked_schedule_bound_0_trigger_k_2`` played by real
     arrivals: 2 learner functions, bound 0, K = 2, the answers in the order the latencies give
-    (0, 2, 1, 3, 4). Each job is bound to the version published when it starts, beside the versions
-    the running jobs hold; a job waits for a free function; the parameter server's groups and
-    stalenesses are the simulation's."""
+    (0, 2, 1, 3, 4). Each job is taken from the round's gate in Redis in line, bound to the version
+    published when it is taken, beside the versions the running jobs hold; a job waits for a free
+    function; the parameter server's groups and stalenesses are the simulation's."""
     import dataclasses
     import threading
 
@@ -433,14 +476,16 @@ def test_measured_jobs_take_the_version_they_find_and_land_as_simulate_says(redi
         return snapshot_key(learning.cache, 1, "att01", version)
 
     jobs, started = plan.jobs, {}
-    started[0], started[1] = learning.start(jobs[0]), learning.start(jobs[1])
+    for _ in range(2):
+        job = learning.take_next(plan)
+        started[job.job] = job
     learning.answered(jobs[0], _ok(jobs[0]))
     wait_until(lambda: learning._published == 1, 20, "version 1", every_s=0.01)
-    started[2] = learning.start(jobs[2])
+    started[2] = learning.take_next(plan)
     learning.answered(jobs[2], _ok(jobs[2]))
     wait_until(lambda: learning._published == 2, 20, "version 2", every_s=0.01)
-    started[3] = learning.start(jobs[3])
-    waiting = threading.Thread(target=lambda: started.__setitem__(4, learning.start(jobs[4])), daemon=True)
+    started[3] = learning.take_next(plan)
+    waiting = threading.Thread(target=lambda: started.__setitem__(4, learning.take_next(plan)), daemon=True)
     waiting.start()
     waiting.join(0.3)
     assert waiting.is_alive()  # both functions are busy (jobs 1 and 3)
@@ -451,7 +496,9 @@ def test_measured_jobs_take_the_version_they_find_and_land_as_simulate_says(redi
     learning.answered(jobs[4], _ok(jobs[4]))
     thread.join(10)
     assert not thread.is_alive() and served.lost == {}
+    assert learning._flight.gate.next_job() == 5  # each of the five was taken once, in line
 
+    assert [started[j].job for j in range(5)] == [0, 1, 2, 3, 4]  # in line
     assert [started[j].snapshot_version for j in range(5)] == [0, 0, 1, 2, 2]
     assert [started[j].snapshot_key for j in range(5)] == [key(v) for v in (0, 0, 1, 2, 2)]
     assert [started[j].live_keys for j in range(5)] == [[], [], [key(0)], [key(0)], []]
@@ -460,19 +507,42 @@ def test_measured_jobs_take_the_version_they_find_and_land_as_simulate_says(redi
     assert groups == [list(zip(a.jobs, a.staleness)) for a in want.applications]
 
 
-def test_lanes_run_the_schedules_jobs_or_pull_the_next_in_line(redis_client, redis_url):
-    """Seeded: each lane runs the jobs the schedule put on it, in order, and the lanes together run
-    every job once. Measured: a free lane takes the next job no lane has taken."""
+def test_seeded_lanes_run_the_schedules_jobs(redis_client, redis_url):
+    """Each lane runs the jobs the schedule put on it, in order, and the lanes together run every
+    job once."""
     learning, plan = _measured_round(redis_client, redis_url, "lanes-seeded", actors=3, schedule="seeded")
     by_lane = [[job.job for job in learning.lane_jobs(plan, lane)] for lane in range(plan.lanes)]
     assert by_lane == [[j["job"] for j in plan.schedule["jobs"] if j["lane"] == lane] for lane in range(plan.lanes)]
     assert sorted(j for jobs in by_lane for j in jobs) == list(range(len(plan.jobs))) == [0, 1, 2, 3, 4, 5]
     assert all(jobs == sorted(jobs) and jobs for jobs in by_lane)
 
-    learning, plan = _measured_round(redis_client, redis_url, "lanes-measured", actors=3)
-    first, second = learning.lane_jobs(plan, 0), learning.lane_jobs(plan, 1)
-    assert [next(first).job, next(second).job, next(second).job, next(first).job] == [0, 1, 2, 3]
-    assert [job.job for job in second] == [4, 5] and list(first) == []
+
+def test_the_gate_gives_each_job_once_in_line_to_a_free_function(redis_client, redis_url):
+    """The measured round's gate in Redis, as a lane's task and a learner function both use it: a
+    job is taken once (a second taker hears ``passed``), only when it is next in line and fewer
+    than ``lanes`` jobs run (``busy``); it is bound to the version published then, its live ones the
+    other versions running jobs hold; a job that gives up out of line is skipped once the line
+    reaches it; each taker's jobs are recorded; a closed gate gives nothing."""
+    learning, plan = _measured_round(redis_client, redis_url, "gate", actors=3)
+    gate, jobs = learning._flight.gate, plan.jobs
+    assert gate.next_job() == 0 and gate.job(3) == jobs[3]
+    assert gate.take(jobs[1], by="a") == "passed"  # not in line
+    first = gate.take(jobs[0], by="a")
+    assert (first.job, first.snapshot_version, first.live_keys) == (0, 0, [])
+    assert gate.take(jobs[0], by="b") == "passed" and gate.next_job() == 1
+    gate.publish(1)
+    second = gate.take(jobs[1], by="b")
+    assert (second.snapshot_version, second.snapshot_key, second.live_keys) == (1, gate.snapshot_key(1),
+                                                                                 [gate.snapshot_key(0)])
+    assert gate.take(jobs[2], by="a") == "busy"  # two lanes, both running
+    gate.give_up(3)  # out of line: the line skips it once it gets there
+    gate.release(0)
+    third = gate.take(jobs[2], by="a")
+    assert (third.snapshot_version, third.live_keys) == (1, [])  # job 1 runs at the same version
+    assert gate.next_job() == 4 and gate.took("a") == [0, 2] and gate.took("b") == [1]
+    assert [gate.bound_version(j) for j in range(4)] == [0, 1, 1, None]
+    gate.close()
+    assert gate.next_job() is None and gate.take(jobs[4], by="a") == "closed"
 
 
 def test_answers_that_come_while_the_server_is_busy_land_as_one_group(redis_client, redis_url):
@@ -491,10 +561,10 @@ def test_answers_that_come_while_the_server_is_busy_land_as_one_group(redis_clie
     busy = threading.Event()
     thread, served, groups = _serve_in_thread(learning, plan, busy)
     jobs = plan.jobs
-    started = [learning.start(jobs[0]), learning.start(jobs[1])]
+    started = [learning.take_next(plan), learning.take_next(plan)]
     learning.answered(jobs[0], _ok(jobs[0]))
     wait_until(lambda: len(groups) == 1, 20, "the first group", every_s=0.01)
-    started.append(learning.start(jobs[2]))  # job 0's function is free; v1 is not published yet
+    started.append(learning.take_next(plan))  # job 0's function is free; v1 is not published yet
     learning.answered(jobs[1], _ok(jobs[1]))
     learning.answered(jobs[2], _ok(jobs[2]))
     busy.set()
@@ -505,10 +575,10 @@ def test_answers_that_come_while_the_server_is_busy_land_as_one_group(redis_clie
 
 
 def test_measured_jobs_that_give_up_pass_the_gate_and_a_silent_function_is_lost(redis_client, redis_url):
-    """Actor 1 fails, so its two jobs give up at once (and answer, as ``compute`` does) without
-    holding the jobs behind them; job 0's function never answers. The parameter server applies
-    every other gradient, waits ``gradient_timeout_s`` for job 0 and stops: job 0 is lost, and
-    job 5, which had not started, does not start and is lost too."""
+    """Actor 1 fails, so its two jobs give up when the line reaches them (answered as failed) and
+    hold no job behind them; job 0's function never answers. The parameter server applies every
+    other gradient, waits ``gradient_timeout_s`` for job 0 and stops: job 0 is lost, and job 5,
+    which had not started, is not taken any more and is lost too."""
     from nitro.actors.events import ActorSummary
 
     learning, plan = _measured_round(redis_client, redis_url, "measured-lost", actors=3, functions_per_actor=0.5,
@@ -521,18 +591,17 @@ def test_measured_jobs_that_give_up_pass_the_gate_and_a_silent_function_is_lost(
                                ActorSummary.failed(jobs[2].actor_id, "RuntimeError: env crashed").model_dump_json())
     thread, served, groups = _serve_in_thread(learning, plan)
 
-    assert learning.start(jobs[0]).job == 0  # and never answers: it holds one function
-    for job in (jobs[2], jobs[3]):  # queued behind job 1, yet they give up before it starts
-        reason = learning.start(job)
-        assert reason == f"gradient job not started: actor {job.actor_id} failed, its batch will not land"
-        learning.answered(job, ActorSummary.failed(job.invocation_id, reason))
-    for job in (jobs[1], jobs[4]):  # one function between them
-        assert learning.start(job).job == job.job
-        learning.answered(job, _ok(job))
+    assert learning.take_next(plan).job == 0  # and never answers: it holds one function
+    assert learning.take_next(plan).job == 1
+    learning.answered(jobs[1], _ok(jobs[1]))
+    assert learning.take_next(plan).job == 4  # jobs 2 and 3 gave up on the way
+    for job in (jobs[2], jobs[3]):
+        assert learning._answers[job.invocation_id].error == (
+            f"gradient job not started: actor {job.actor_id} failed, its batch will not land")
+    learning.answered(jobs[4], _ok(jobs[4]))
     thread.join(15)
     assert not thread.is_alive() and learning._flight.closed
-    assert learning.start(jobs[5]) == ("gradient job not started: the parameter server stopped waiting for the "
-                                       "round's gradients")
+    assert learning.take_next(plan) is None  # the gate is closed: job 5 never starts
     assert sorted(served.lost) == sorted(j.invocation_id for j in (jobs[0], jobs[2], jobs[3], jobs[5]))
     assert served.lost[jobs[0].invocation_id] == served.lost[jobs[5].invocation_id] == (
         "gradient lost: none landed within 1 s")

@@ -81,7 +81,8 @@ def test_a_stellaris_run_repeats_exactly_and_bills_its_functions(prefect_api, re
 def test_a_stellaris_run_through_the_lambda_invoke_api(prefect_api, redis_url, tmp_path, monkeypatch, schedule):
     """On Lambda the schedule is measured by default: the jobs take the versions they find and the
     parameter server applies the gradients as they land, one step and one version per group.
-    Seeded, a lane's invocation (``GradientLane``) runs its ready jobs through the same Invoke API."""
+    Either way a lane's invocation (``GradientLane``) runs each next job that is ready within the
+    linger (measured: the next in line, taken from the round's gate) through the same Invoke API."""
     aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     for var, value in aws.items():
         monkeypatch.setenv(var, value)
@@ -94,11 +95,14 @@ def test_a_stellaris_run_through_the_lambda_invoke_api(prefect_api, redis_url, t
             f"backend.lambda.endpoint_url={server.url}",
             "backend.lambda.concurrency=4",
             "backend.lambda.function_timeout_s=60",
+            "learner.lane_linger_s=0.5",
             backend="lambda",
             rounds=2,
         )
     assert result.rounds_done == 2
     assert history["ppo/stellaris_gradients"] == [8.0, 8.0] and history["ppo/stellaris_gradients_lost"] == [0.0, 0.0]
+    invocations = [round(usd / 0.2e-6) - 2 for usd in history["spend_requests_usd"]]  # less the 2 actors
+    assert all(1 <= n <= 8 for n in invocations) and min(invocations) < 8, invocations
     assert history["ppo/sgd_steps"] == history["ppo/stellaris_versions"]
     assert all(1 <= v <= 8 for v in history["ppo/stellaris_versions"])
     assert history["ppo/stellaris_version"][-1] == sum(history["ppo/stellaris_versions"])  # one version a group
@@ -171,57 +175,56 @@ def test_a_seeded_lane_loses_only_the_job_its_invocation_failed_on(prefect_api, 
 
 
 def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_api, redis_url, tmp_path, monkeypatch):
-    """Measured schedule, one invocation per job: job 1's function fails, job 2's gradient is NaN,
-    job 3 starts and never answers (as a function that hangs past its deadline) and the parameter
-    server stops waiting for it at ``gradient_timeout_s``, and job 4's invocation raises (the
-    backend's own fault): its lane answers it as failed and goes on. Every other gradient is
-    applied, in every round."""
+    """Measured lanes: the invocation started for job 1 crashes, the one for job 2 answers a NaN
+    gradient, the one for job 3 hangs (as a function past its deadline) until the parameter server
+    stops waiting for it at ``gradient_timeout_s``, and the one for job 4 raises in the backend.
+    Each loses its job alone, with its reason; every other gradient is applied, in every round.
+    (The healthy invocations run one job each here, so that each fault meets its own job.)"""
+    import time
+
+    import torch
+
     from nitro.actors.events import ActorSummary
-    from nitro.run.runtime import get_run
     from nitro.run.updates import StellarisUpdate
+    from nitro.stellaris.jobs import gradient_key
+    from nitro.stellaris.wire import gradient_payload
 
-    original = StellarisUpdate.compute
+    class Faulty:
+        def __init__(self, update, backend):
+            self.learning, self.backend = update.learning, backend
 
-    class Gone:
-        def invoke(self, job):
-            raise ConnectionError("injected: the backend is gone")
+        def invoke(self, event):
+            job = event.jobs[0]  # taken for this invocation, bound to the version it found
+            if job.job == 1:
+                return ActorSummary.failed(event.invocation_id, "RuntimeError: injected crash")
+            if job.job == 2:  # answers on time, with NaNs of the right shapes
+                nan = {n: torch.full(s, float("nan")) for n, s in self.learning.server.expected_shapes.items()}
+                key = gradient_key(self.learning.cache, job.round, job.invocation_id)
+                self.learning.cache.client.set(key, gradient_payload(
+                    nan, invocation_id=job.invocation_id, snapshot_version=job.snapshot_version, metrics={}))
+                self.learning.answered(job, ActorSummary(invocation_id=job.invocation_id, ok=True, steps=32,
+                                                         batch_key=key))
+                return ActorSummary(invocation_id=event.invocation_id, ok=True, steps=32)
+            if job.job == 3:
+                deadline = time.monotonic() + 60
+                while not self.learning._flight.closed and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                return ActorSummary.failed(event.invocation_id, "TimeoutError: past the function's deadline")
+            if job.job == 4:
+                raise ConnectionError("injected: the backend is gone")
+            return self.backend.invoke(event.model_copy(update={"pulls": False}))
 
-    def compute(self, job, backend):
-        if job.job in (1, 2, 3):
-            job = self.learning.start(job)  # it starts (measured: bound to the version it finds), then:
-        if job.job == 1:
-            summary = ActorSummary.failed(job.invocation_id, "RuntimeError: injected crash")
-            self.learning.answered(job, summary)
-            return summary
-        if job.job == 3:
-            return ActorSummary.failed(job.invocation_id, "never answered")  # and tells no one
-        if job.job == 4:
-            return original(self, job, Gone())
-        if job.job == 2:  # answers on time, with NaNs of the right shapes
-            import torch
-
-            from nitro.stellaris.jobs import gradient_key
-            from nitro.stellaris.wire import gradient_payload
-
-            training = get_run(job.run_id).training
-            learning = self.learning
-            nan = {n: torch.full(s, float("nan")) for n, s in learning.server.expected_shapes.items()}
-            key = gradient_key(training.cache, job.round, job.invocation_id)
-            training.cache.client.set(key, gradient_payload(nan, invocation_id=job.invocation_id,
-                                                            snapshot_version=job.snapshot_version, metrics={}))
-            summary = ActorSummary(invocation_id=job.invocation_id, ok=True, steps=32, batch_key=key)
-            learning.answered(job, summary)
-            return summary
-        return original(self, job, backend)
-
-    monkeypatch.setattr(StellarisUpdate, "compute", compute)
+    original = StellarisUpdate.run_lane
+    monkeypatch.setattr(StellarisUpdate, "run_lane",
+                        lambda self, plan, lane, backend: original(self, plan, lane, Faulty(self, backend)))
     result, run, history = _train(tmp_path, "stellaris-faults", redis_url, "learner.gradient_timeout_s=3",
                                   "learner.schedule=measured", rounds=2)
     assert result.rounds_done == 2
     assert history["ppo/stellaris_gradients_lost"] == [4.0, 4.0]
     assert history["ppo/stellaris_gradients"] == [4.0, 4.0]
     reasons = {k: v for k, v in run.data.tags.items() if k.startswith("nitro.corrupt.")}
-    assert any("the function failed: RuntimeError: injected crash" in v for v in reasons.values()), reasons
+    crash = "the function failed: gradient job failed: RuntimeError: injected crash"
+    assert any(crash in v for v in reasons.values()), reasons
     assert any("dropped at the door" in v and "non-finite" in v for v in reasons.values()), reasons
     assert any("none landed within 3 s" in v for v in reasons.values()), reasons
     gone = "gradient job failed: ConnectionError: injected: the backend is gone"

@@ -29,7 +29,7 @@ from nitro.learners import Learner, OffPolicyLearner, PPOLearner, Progress, Upda
 from nitro.learners.behaviour import BehaviourPolicies
 from nitro.run.crashes import crash_point
 from nitro.run.rundir import RunDir
-from nitro.stellaris.jobs import GradientJob
+from nitro.stellaris.jobs import GradientLane
 from nitro.stellaris.round import GradientPlan, StellarisLearning
 from nitro.stellaris.schedule import replay
 from nitro.validation import BatchError, Bounds, batch_version, decode_batch_meta
@@ -269,44 +269,33 @@ class StellarisUpdate:
         return plan
 
     def run_lane(self, plan: GradientPlan, lane: int, backend: Backend) -> list[ActorSummary]:
-        """One learner function's jobs of the round, one after another (``StellarisLearning.lane_jobs``),
-        and the summaries of the invocations that ran them (what the round is billed for). Seeded:
-        the lane's jobs run in as few invocations as their readiness allows (``run_seeded_lane``).
-        Measured: the lane pulls its next job when it is free, and each job is its own invocation.
-        A job that raises (its invocation, or the cache as it starts) is answered as failed: the lane
-        goes on, and the parameter server does not wait for it."""
+        """One learner function's jobs of the round, and the summaries of the invocations that ran
+        them (what the round is billed for), in as few invocations as the jobs' readiness allows.
+        Seeded: the schedule's jobs on this lane (``run_seeded_lane``). Measured: once the next job
+        in line may start, the lane takes it and starts an invocation for it, which goes on to take
+        each next job in line that is ready (``nitro.stellaris.function.run_lane``). A job that
+        cannot start, or that an invocation took and did not answer, is lost with its reason."""
         if not plan.measured:
             return self.run_seeded_lane(plan, lane, backend)
-        answers = []
-        for job in self.learning.lane_jobs(plan, lane):
-            try:
-                answers.append(self.compute(job, backend))
-            except Exception as exc:  # the backend's or the cache's own fault: this job is lost
-                reason = f"gradient job failed: {type(exc).__name__}: {exc}"
-                answers.append(ActorSummary.failed(job.invocation_id, reason))
-                self.learning.answered(job, answers[-1])
-        return answers
+        invocations = []
+        while (job := self.learning.take_next(plan)) is not None:
+            invocations.append(self._invoke(self.learning.lanes.pulling_event(lane, job), backend))
+            self.learning.answer_lost(plan, invocations[-1])
+        return invocations
 
     def run_seeded_lane(self, plan: GradientPlan, lane: int, backend: Backend) -> list[ActorSummary]:
         """The lane's jobs, in the schedule's order: once the first job still to run may start, one
         invocation takes it and the ones after it for as long as each is ready within the linger
         (``nitro.stellaris.function.run_lane``); the next invocation starts where it stopped. A job
         that cannot start, or that an invocation was on when it failed, is lost with its reason."""
-        jobs, invocations = list(self.learning.lane_jobs(plan, lane)), list[ActorSummary]()
+        jobs, invocations = self.learning.lane_jobs(plan, lane), list[ActorSummary]()
         while jobs:
             started = self.learning.start(jobs[0])
             if isinstance(started, str):
                 self.learning.answered(jobs[0], ActorSummary.failed(jobs[0].invocation_id, started))
                 jobs = jobs[1:]
                 continue
-            event = self.learning.lanes.event(lane, len(invocations), jobs)
-            self.cache.mark_started(event.round, event.invocation_id)  # a resume bills it from here on
-            try:
-                summary = backend.invoke(event)
-            except Exception as exc:  # the backend's own fault
-                summary = ActorSummary.failed(event.invocation_id, f"{type(exc).__name__}: {exc}")
-            if not summary.ok:
-                self.cache.put_summary(event.round, event.invocation_id, summary.model_dump_json())
+            summary = self._invoke(self.learning.lanes.event(lane, len(invocations), jobs), backend)
             invocations.append(summary)
             self.learning.relay()  # what it pushed reaches the server before the lane looks
             rest = [job for job in jobs if not self.learning.has_answer(job)]
@@ -318,16 +307,16 @@ class StellarisUpdate:
             jobs = rest
         return invocations
 
-    def compute(self, job: GradientJob, backend: Backend) -> ActorSummary:
-        """Start the job when the round's schedule lets it (``StellarisLearning.start``); its answer (a
-        job that cannot start or whose function fails included) goes to the parameter server at once."""
-        started = self.learning.start(job)
-        if isinstance(started, str):
-            summary = ActorSummary.failed(job.invocation_id, started)
-        else:
-            self.cache.mark_started(job.round, job.invocation_id)  # a resume bills it from here on
-            summary = backend.invoke(started)
-        self.learning.answered(job, summary)
+    def _invoke(self, event: GradientLane, backend: Backend) -> ActorSummary:
+        """One lane invocation, recorded as started first (a resume bills it from then on); a
+        failed one's summary is left in the cache for a resume too. Never raises."""
+        self.cache.mark_started(event.round, event.invocation_id)
+        try:
+            summary = backend.invoke(event)
+        except Exception as exc:  # the backend's own fault
+            summary = ActorSummary.failed(event.invocation_id, f"{type(exc).__name__}: {exc}")
+        if not summary.ok:
+            self.cache.put_summary(event.round, event.invocation_id, summary.model_dump_json())
         return summary
 
     def serve(self, k: int, plan: GradientPlan) -> UpdateReport:

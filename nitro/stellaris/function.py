@@ -13,8 +13,10 @@ job at the same versions loads nothing. The summary's ``profile`` says where the
 A lane's invocation runs its jobs in order, each once its batch has landed and its snapshot is
 published, and pushes each job's summary to the round's answers list as it ends, so the parameter
 server applies it (and publishes the versions the lane's later jobs wait for) while the lane goes
-on. It returns at the first job not ready within ``linger_s``, or once ``budget_s`` has passed;
-the caller starts the rest in a new invocation. The lane's own summary is the one billed: its
+on. A measured lane's invocation then takes each next job in line from the round's gate, bound to
+the version published as it takes it, and frees its place in the gate with each answer. It returns
+at the first job not ready within ``linger_s``, or once ``budget_s`` has passed; the caller starts
+the rest in a new invocation. The lane's own summary is the one billed: its
 jobs' summaries carry ``billed_ms`` 0.
 """
 
@@ -196,35 +198,60 @@ def run_lane(event: Any, state: ActorState | None = None, *, memory_mb: int | No
         return ActorSummary.since(raw if isinstance(raw, str) and raw else "unknown", start, mem,
                                   error=validation_message(exc, "gradient lane"))
     first = lane.jobs[0]
-    client = None
+    cache = None
     try:
+        from nitro.cache import TrajectoryCache
+        from nitro.stellaris.arrivals import Gate
+
         client = state.redis_client(first.cache_url, state.resolve_password(first.cache_credentials))
+        cache = TrajectoryCache(client, first.run_id, ttl_s=first.ttl_s)
+        gate = Gate(cache, lane.round, lane.attempt, lane.lanes) if lane.pulls else None
         ran, steps = 0, 0
+
+        def answer(job: Any) -> None:
+            nonlocal ran, steps
+            summary = run_gradient(job, state, memory_mb=memory_mb, in_lane=ran)
+            pipe = client.pipeline()  # answered and freed at once: a job taken next never sees it running
+            pipe.rpush(lane.answers_key, summary.model_dump_json())
+            pipe.expire(lane.answers_key, job.ttl_s)
+            if gate is not None:
+                pipe.hdel(gate.running, job.job)
+            pipe.execute()
+            ran, steps = ran + 1, steps + summary.steps
+
+        def in_budget() -> bool:
+            return time.perf_counter() - start <= lane.budget_s
+
         for job in lane.jobs:
-            if time.perf_counter() - start > lane.budget_s or not _ready(client, job, lane.linger_s):
+            if not in_budget() or not _ready(client, [job.batch_key, job.snapshot_key], lane.linger_s):
                 break
-            answer = run_gradient(job, state, memory_mb=memory_mb, in_lane=ran)
-            client.rpush(lane.answers_key, answer.model_dump_json())
-            client.expire(lane.answers_key, job.ttl_s)
-            ran, steps = ran + 1, steps + answer.steps
+            answer(job)
+        pulling = gate is not None and ran == len(lane.jobs)  # the job it was given ran: on to the next in line
+        while pulling and gate is not None and in_budget() and (index := gate.next_job()) is not None:
+            job = gate.job(index)
+            if not _ready(client, [job.batch_key], lane.linger_s):  # a taken job's snapshot is the one published
+                break
+            taken = gate.take(job, by=lane.invocation_id)
+            if taken == "passed":  # another function took it first: look at the next in line
+                continue
+            if isinstance(taken, str):
+                break
+            answer(taken)
         done = ActorSummary.since(lane.invocation_id, start, mem, steps=steps)
     except Exception as exc:  # the function never raises: the caller loses the job it was on, and goes on
         done = ActorSummary.since(lane.invocation_id, start, mem, error=error_line(exc))
-    if client is not None:
-        from nitro.cache import TrajectoryCache
-
+    if cache is not None:
         try:  # a resumed run bills the invocation from this
-            TrajectoryCache(client, first.run_id, ttl_s=first.ttl_s).put_summary(
-                lane.round, lane.invocation_id, done.model_dump_json())
+            cache.put_summary(lane.round, lane.invocation_id, done.model_dump_json())
         except Exception:
             pass
     return done
 
 
-def _ready(client: Any, job: Any, linger_s: float) -> bool:
-    """Whether the job's batch and snapshot are in the cache within ``linger_s``."""
+def _ready(client: Any, keys: list[str], linger_s: float) -> bool:
+    """Whether every one of ``keys`` (a job's batch, its snapshot) is in the cache within ``linger_s``."""
     deadline = time.perf_counter() + linger_s
-    while client.exists(job.batch_key, job.snapshot_key) < 2:
+    while client.exists(*keys) < len(keys):
         if time.perf_counter() >= deadline:
             return False
         time.sleep(0.01)

@@ -43,6 +43,12 @@ def lane_invocation_id(run_id: str, round_idx: int, attempt: str, lane: int, par
     return f"{run_id}-r{round_idx:05d}-{attempt}-l{lane:03d}-i{part:05d}"
 
 
+def pulling_invocation_id(run_id: str, round_idx: int, attempt: str, job: int) -> str:
+    """The invocation a measured round's lane starts for ``job`` (the first it runs; it may pull more):
+    at most one per job, so a resume knows every invocation that may have started."""
+    return f"{run_id}-r{round_idx:05d}-{attempt}-m{job:05d}"
+
+
 def answers_key(cache: TrajectoryCache, round_idx: int, attempt: str) -> str:
     return f"{cache.round_prefix(round_idx)}:answers:{attempt}"
 
@@ -79,9 +85,12 @@ class GradientJob(BaseModel):
 
 
 class GradientLane(BaseModel):
-    """Consecutive jobs of one learner function (seeded schedule), run in one invocation: each as
-    soon as its batch has landed and its snapshot is published, waiting at most ``linger_s`` for
-    it; the function returns at the first job not ready by then, or once ``budget_s`` has passed."""
+    """Consecutive jobs of one learner function, run in one invocation: each as soon as its batch
+    has landed and its snapshot is published, waiting at most ``linger_s`` for it; the function
+    returns at the first job not ready by then, or once ``budget_s`` has passed. Seeded: ``jobs``
+    are the lane's jobs still to run, in the schedule's order. Measured (``pulls``): ``jobs`` is the
+    one job the lane took for it, and the function then takes each next job in line from the
+    round's gate (``nitro.stellaris.arrivals.Gate``, of ``attempt`` over ``lanes``) itself."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -93,17 +102,26 @@ class GradientLane(BaseModel):
     answers_key: str = Field(min_length=1)
     linger_s: float = Field(ge=0)
     budget_s: float = Field(gt=0, description="no job starts after this many seconds of the invocation")
+    pulls: bool = False
+    attempt: str = ""
+    lanes: int = Field(0, ge=0)
 
 
 def wait_for_batch(cache: TrajectoryCache, job: GradientJob, deadline: float, wait_s: float) -> str | None:
     """Wait (until ``deadline`` on ``time.perf_counter``) for the job's batch to land; None once it
     has, or one line on why it will not: its actor failed, or ``wait_s`` passed."""
-    client = cache.client
-    while not client.exists(job.batch_key):
-        raw = client.get(cache.summary_key(job.round, job.actor_id))
-        if raw is not None and not ActorSummary.model_validate_json(raw).ok:
-            return f"gradient job not started: actor {job.actor_id} failed, its batch will not land"
+    while not cache.client.exists(job.batch_key):
+        if (failed := actor_failed(cache, job)) is not None:
+            return failed
         if time.perf_counter() > deadline:
             return f"gradient job not started: its batch was not in the cache within {wait_s:g} s"
         time.sleep(POLL_S)
+    return None
+
+
+def actor_failed(cache: TrajectoryCache, job: GradientJob) -> str | None:
+    """One line when the job's actor failed (its batch will never land), else None."""
+    raw = cache.client.get(cache.summary_key(job.round, job.actor_id))
+    if raw is not None and not ActorSummary.model_validate_json(raw).ok:
+        return f"gradient job not started: actor {job.actor_id} failed, its batch will not land"
     return None

@@ -9,11 +9,13 @@ parameter server applies together, come from one of two schedules (``learner.sch
   invocations as their readiness allows (``nitro.stellaris.lanes``), and ``serve`` takes each
   gradient in the schedule's order (never past ``gradient_timeout_s``), checks it at the door,
   applies the schedule's groups and publishes each new version. A run repeats exactly.
-* measured: each job is its own invocation; they start in FIFO order on ``lanes`` at once, each against the
-  version published when it starts (the versions other running jobs hold are its live ones);
-  ``serve`` takes the gradients as they land, reads each one's staleness at its landing and
-  applies the pending ones whenever the trigger (``nitro.stellaris.aggregation.should_apply``)
-  says so. The staleness is what the functions' real timing made it; a run does not repeat.
+* measured: the jobs start in FIFO order on ``lanes`` at once, each against the version published
+  when it starts (the versions other running jobs hold are its live ones), taken from the round's
+  gate in Redis (``nitro.stellaris.arrivals.Gate``) by a lane's task, which starts an invocation for
+  it, and by that invocation, which goes on to the next job in line; ``serve`` takes the gradients
+  as they land, reads each one's staleness at its landing and applies the pending ones whenever
+  the trigger (``nitro.stellaris.aggregation.should_apply``) says so. The staleness is what the
+  functions' real timing made it; a run does not repeat.
 
 Either way the schedule replayed with the measured durations is the round's projected learner time
 (``nitro.run.updates.StellarisUpdate.serve``).
@@ -37,7 +39,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,9 +51,9 @@ from nitro.learners import Progress
 from nitro.learners.behaviour import BehaviourPolicies
 from nitro.learners.ppo import PPOLearner
 from nitro.stellaris.aggregation import BoundState, should_apply
-from nitro.stellaris.arrivals import InFlight
-from nitro.stellaris.jobs import GradientJob, gradient_job_id, gradient_key, snapshot_key, wait_for_batch
-from nitro.stellaris.lanes import SeededLanes
+from nitro.stellaris.arrivals import Gate, InFlight
+from nitro.stellaris.jobs import POLL_S, GradientJob, gradient_job_id, gradient_key, snapshot_key, wait_for_batch
+from nitro.stellaris.lanes import LaneInvocations
 from nitro.stellaris.noise import NoiseGroups
 from nitro.stellaris.schedule import GradientSchedule, LatencyModel, simulate
 from nitro.stellaris.server import Landed, ParameterServer, Served
@@ -91,7 +93,7 @@ class StellarisLearning:
         self._relaying = threading.Lock()
         self._published = -1
         self._answers: dict[str, ActorSummary] = {}
-        self.lanes = SeededLanes(cache, run_id, config.learner, config.backend.timeout_s)
+        self.lanes = LaneInvocations(cache, run_id, config.learner, config.backend.timeout_s)
         self._flight = InFlight()
 
     # -- sizes ------------------------------------------------------------------------------------
@@ -120,10 +122,10 @@ class StellarisLearning:
         cfg = self.config.learner
         order = [(epoch, a, s) for epoch in range(self.epochs) for a in range(len(train)) for s in range(self.slices)]
         lanes = cfg.functions_for(len(train))
+        measured = cfg.schedule_on(self.config.backend.kind) == "measured"
         with self._signal:
             self._answers.clear()
-            self._flight = InFlight(measured=cfg.schedule_on(self.config.backend.kind) == "measured", lanes=lanes,
-                                    attempt=attempt)
+            self._flight = InFlight(gate=Gate(self.cache, k, attempt, lanes) if measured else None)
         self._publish(k, attempt)  # the round's first version, under the round's own prefix
         bound = self.bound_now()
 
@@ -139,12 +141,13 @@ class StellarisLearning:
                 seed=actor.seed, epoch=epoch, slice=s, slice_samples=cfg.slice_samples,
                 cache_url=actor_cache_url, cache_credentials=actor_credentials, ttl_s=self.cache.ttl_s)
 
-        if self._flight.measured:
+        if self._flight.gate is not None:
             # the version each job names is the round's first: the one it takes is bound as it starts
+            jobs = [job(j, self.server.version, []) for j in range(len(order))]
+            self._flight.gate.open(jobs, self.server.version)
             with self._signal:
-                self.lanes.end()
-            return GradientPlan([job(j, self.server.version, []) for j in range(len(order))], None, lanes, bound,
-                                attempt, measured=True)
+                self.lanes.begin(k, attempt, jobs, lanes)
+            return GradientPlan(jobs, None, lanes, bound, attempt, measured=True)
         rng = np.random.default_rng([self.config.seed, k, 0x57E11A])
         model = LatencyModel(cold_s=cfg.latency.cold_s, warm_s=cfg.latency.warm_s,
                              per_sample_s=cfg.latency.per_sample_s, jitter=cfg.latency.jitter)
@@ -161,11 +164,13 @@ class StellarisLearning:
                             if o.start_s <= sj.start_s < o.end_s and o.snapshot_version != sj.snapshot_version}))
                 for sj in schedule.jobs]
         with self._signal:
-            self.lanes.begin(k, attempt, jobs)
+            self.lanes.begin(k, attempt, jobs, lanes)
         return GradientPlan(jobs, schedule.to_dict(), lanes, bound, attempt)
 
     def _publish(self, k: int, attempt: str) -> None:
         self.server.publish(k, attempt)
+        if self._flight.gate is not None:
+            self._flight.gate.publish(self.server.version)
         with self._signal:
             self._published = self.server.version
             self._signal.notify_all()
@@ -177,9 +182,9 @@ class StellarisLearning:
 
     def invocation_ids(self, plan: GradientPlan) -> list[str]:
         """The ids of the round's learner-function invocations, each of which starts only once its
-        inputs are ready: a seeded round's lanes' (``SeededLanes.invocation_ids``), or one per job."""
+        inputs are ready (``LaneInvocations.invocation_ids``)."""
         if plan.measured:
-            return [job.invocation_id for job in plan.jobs]
+            return self.lanes.invocation_ids(None)
         assert plan.schedule is not None  # a seeded plan with jobs carries its schedule
         return self.lanes.invocation_ids([sj["lane"] for sj in plan.schedule["jobs"]])
 
@@ -194,33 +199,19 @@ class StellarisLearning:
         with self._signal:
             return job.invocation_id in self._answers
 
-    def lane_jobs(self, plan: GradientPlan, lane: int) -> Iterator[GradientJob]:
-        """The jobs learner function ``lane`` runs, one after another: the schedule's jobs on that
-        lane (seeded), or, each time the lane is free, the next job no lane has taken (measured)."""
-        if not plan.measured:
-            assert plan.schedule is not None  # a seeded plan with jobs carries its schedule
-            yield from (job for job, sj in zip(plan.jobs, plan.schedule["jobs"]) if sj["lane"] == lane)
-            return
-        while True:
-            with self._signal:
-                index = self._flight.claim(len(plan.jobs))
-            if index is None:
-                return
-            yield plan.jobs[index]
+    def lane_jobs(self, plan: GradientPlan, lane: int) -> list[GradientJob]:
+        """The jobs the seeded schedule put on learner function ``lane``, in order."""
+        assert plan.schedule is not None  # a seeded plan with jobs carries its schedule
+        return [job for job, sj in zip(plan.jobs, plan.schedule["jobs"]) if sj["lane"] == lane]
 
     def start(self, job: GradientJob) -> GradientJob | str:
-        """Block until the job may start, and return it as it starts, or say in one line why it never
-        will: its actor failed, or the round's deadline for its actors passed. Seeded: once its
-        batch is in the cache and its snapshot is published (a snapshot always comes: the parameter
-        server waits for no gradient past its own deadline). Measured: once its batch is in the
-        cache, the job ahead of it has started or given up, and one of the round's learner functions
-        is free; it is bound to the version published then, beside the versions the running jobs hold."""
+        """Block until the seeded job may start (its batch is in the cache and its snapshot is
+        published: a snapshot always comes, the parameter server waits for no gradient past its own
+        deadline) and return it, or say in one line why it never will: its actor failed, or the
+        round's deadline for its actors passed."""
         wait_s = self.config.round_deadline_s
         deadline = time.perf_counter() + wait_s
-        reason = wait_for_batch(self.cache, job, deadline, wait_s)
-        if self._flight.measured:
-            return self._take_lane(job, reason, deadline, wait_s)
-        if reason is not None:
+        if (reason := wait_for_batch(self.cache, job, deadline, wait_s)) is not None:
             return reason
         with self._signal:
             if self._signal.wait_for(lambda: self._published >= job.snapshot_version,
@@ -228,35 +219,44 @@ class StellarisLearning:
                 return job
         return f"gradient job not started: its snapshot was not published within {wait_s:g} s"
 
-    def _take_lane(self, job: GradientJob, reason: str | None, deadline: float, wait_s: float) -> GradientJob | str:
-        """The measured start gate: FIFO over the round's jobs, at most ``lanes`` running. A job that
-        gives up passes the gate too, so the jobs behind it never wait for it."""
-        flight = self._flight
-        with self._signal:
-            if reason is None:
-                free = self._signal.wait_for(lambda: flight.may_start(job.job),
-                                             timeout=max(0.0, deadline - time.perf_counter()))
-                if flight.closed:
-                    reason = "gradient job not started: the parameter server stopped waiting for the round's gradients"
-                elif not free:
-                    reason = f"gradient job not started: no learner function was free within {wait_s:g} s"
-            flight.pass_gate(job.job)
-            self._signal.notify_all()
-            if reason is not None:
-                return reason
-            return flight.bind(job, self._published, lambda v: snapshot_key(self.cache, job.round, flight.attempt, v))
+    def take_next(self, plan: GradientPlan) -> GradientJob | None:
+        """The measured round's next job in line, taken for an invocation once it may start and
+        bound (``Gate.take_next``); None once none is left. A job that gives up is answered failed."""
+        assert self._flight.gate is not None, "take_next belongs to a measured round"
+
+        def nap() -> None:
+            with self._signal:  # an answer or a give-up in this process wakes it; a function's, the poll
+                self._signal.wait(POLL_S)
+
+        return self._flight.gate.take_next(plan.jobs, self.config.round_deadline_s, nap, lambda job, reason: (
+            self.answered(job, ActorSummary.failed(job.invocation_id, reason))))
+
+    def answer_lost(self, plan: GradientPlan, invocation: ActorSummary) -> None:
+        """Answer as failed each job a measured invocation took and did not answer (it failed, or
+        returned with a job it had not finished): the parameter server does not wait for them."""
+        assert self._flight.gate is not None, "answer_lost belongs to a measured round"
+        self.relay()  # what it pushed reaches the server first
+        reason = invocation.error if not invocation.ok else "its invocation ended without answering it"
+        for job in (plan.jobs[index] for index in self._flight.gate.took(invocation.invocation_id)):
+            if not self.has_answer(job):
+                self.answered(job, ActorSummary.failed(job.invocation_id, f"gradient job failed: {reason}"))
 
     def answered(self, job: GradientJob, summary: ActorSummary) -> None:
         """A job's answer, for the parameter server; a failed one is also left in the cache, where a
         resumed run bills it (the function leaves its own when it can). Frees its learner function."""
+        gate = self._flight.gate
+        version = gate.bound_version(job.job) if gate is not None else None  # None: it never held a function
+        if gate is not None and version is not None:
+            gate.release(job.job)  # the function freed it with its answer, unless it failed first
         with self._signal:
             if job.invocation_id in self._answers:  # the first answer counts (a lane's, or the task's)
                 return
             if not summary.ok:  # before the round can see it answered, so a resume finds it
                 self.cache.put_summary(job.round, job.invocation_id, summary.model_dump_json())
             self._answers[job.invocation_id] = summary
-            if job.invocation_id in self._flight.started:  # a job of this round's that held a function
-                self._flight.running.pop(job.job, None)
+            if gate is not None and version is not None:  # as it was bound: its staleness is read from this
+                self._flight.started[job.invocation_id] = job.model_copy(update={
+                    "snapshot_version": version, "snapshot_key": gate.snapshot_key(version)})
             self._flight.answers.append(job.invocation_id)
             self._signal.notify_all()
 
@@ -335,12 +335,14 @@ class StellarisLearning:
         timeout_s = self.config.learner.gradient_timeout_s
         flight, read, pending = self._flight, 0, []
         while waiting:
+            deadline = time.perf_counter() + timeout_s
+            while len(flight.answers) == read and (left := deadline - time.perf_counter()) > 0:
+                self.relay(block_s=min(left, 0.2))  # the functions' answers; a lane task's wake it within 0.2 s
             with self._signal:
-                deadline = time.perf_counter() + timeout_s
-                while len(flight.answers) == read and (left := deadline - time.perf_counter()) > 0:
-                    self._signal.wait(left)
                 if len(flight.answers) == read:  # none within the timeout: the jobs still out are lost
                     flight.closed = True
+                    if flight.gate is not None:
+                        flight.gate.close()
                     self._signal.notify_all()
                 arrived = [flight.started.get(inv, waiting[inv]) for inv in flight.answers[read:] if inv in waiting]
                 read = len(flight.answers)
@@ -387,16 +389,14 @@ class StellarisLearning:
             served.count("receiving", started)
 
     def _wait_answer(self, job: GradientJob) -> ActorSummary | None:
-        """The job's answer, or None when none came within ``gradient_timeout_s``: seeded, as the
-        lanes' invocations push it to the cache (or their tasks hand it over, for a job lost before
-        or around its invocation)."""
+        """The job's answer, or None when none came within ``gradient_timeout_s``: as the lanes'
+        invocations push it to the cache (or their tasks hand it over, for a job lost before or
+        around its invocation)."""
         deadline = time.perf_counter() + self.config.learner.gradient_timeout_s
         while True:
             with self._signal:
-                if job.invocation_id in self._answers or self.lanes.key is None:
-                    self._signal.wait_for(lambda: job.invocation_id in self._answers,
-                                          timeout=max(0.0, deadline - time.perf_counter()))
-                    return self._answers.get(job.invocation_id)
+                if job.invocation_id in self._answers:
+                    return self._answers[job.invocation_id]
             if (left := deadline - time.perf_counter()) <= 0:
                 return None
             self.relay(block_s=min(left, 0.2))
