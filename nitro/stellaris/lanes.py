@@ -19,7 +19,7 @@ from nitro.stellaris.jobs import GradientJob, GradientLane, answers_key, lane_in
 
 class LaneInvocations:
     """The lanes of one attempt at a round: their invocations' events and ids, and the answers
-    their jobs pushed. ``key`` is None between rounds."""
+    their jobs pushed. ``key`` is None until a round with jobs begins."""
 
     def __init__(self, cache: TrajectoryCache, run_id: str, learner: LearnerConfig, invocation_timeout_s: float):
         self.cache, self.run_id, self.learner = cache, run_id, learner
