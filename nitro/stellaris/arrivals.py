@@ -149,9 +149,15 @@ class Gate:
     def give_up(self, job: int) -> None:
         self._pass(keys=[self.state, self.passed], args=[job, self.cache.ttl_s])
 
-    def release(self, job: int) -> None:
-        """The job answered: its learner function is free."""
-        self.cache.client.hdel(self.running, job)
+    def answered(self, job: int) -> int | None:
+        """The job answered: its learner function is free (the function frees it with its answer,
+        unless it failed first). Returns the version it was bound to; None if it never held a
+        function. One round trip: the parameter server calls this for every answer."""
+        pipe = self.cache.client.pipeline(transaction=False)
+        pipe.hget(self.bound, job)
+        pipe.hdel(self.running, job)
+        raw, _ = pipe.execute()
+        return None if raw is None else int(raw)
 
     def took(self, by: str) -> list[int]:
         """The jobs invocation ``by`` took, in order."""

@@ -245,9 +245,7 @@ class StellarisLearning:
         """A job's answer, for the parameter server; a failed one is also left in the cache, where a
         resumed run bills it (the function leaves its own when it can). Frees its learner function."""
         gate = self._flight.gate
-        version = gate.bound_version(job.job) if gate is not None else None  # None: it never held a function
-        if gate is not None and version is not None:
-            gate.release(job.job)  # the function freed it with its answer, unless it failed first
+        version = gate.answered(job.job) if gate is not None else None  # None: it never held a function
         with self._signal:
             if job.invocation_id in self._answers:  # the first answer counts (a lane's, or the task's)
                 return
