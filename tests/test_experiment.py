@@ -64,6 +64,7 @@ def _spec(**over) -> dict:
         ({"sensitivity": {"sweep": {"ppo.lr": [1e-4]}}}, "cannot sweep"),
         ({"sensitivity": {"sweep": {"scaler.decay": [1.5]}}}, "scaler.decay"),
         ({"extra_key": 1}, "extra_key"),
+        ({"thresholds": {"Walker2d-v5": 300.0}}, "thresholds: Walker2d-v5 not in matrix.env"),
     ],
 )
 def test_bad_spec_is_one_clear_line(change, needle):
@@ -91,6 +92,25 @@ def test_example_study_spec_is_valid():
     configs = [cell_config(spec, c) for c in expand_cells(spec)]
     assert {c.budget_usd for c in configs} == {spec.budget_usd}
     assert len(expand_cells(spec, sensitivity=True)) > len(configs)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "examples")
+                                         .glob("study_*.yaml")))
+def test_every_example_study_builds_its_cells_configs(name):
+    spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / name)
+    assert all(cell_config(spec, c).seed == c.seed for c in expand_cells(spec))
+
+
+def test_the_priced_alike_study_bills_both_learners_as_one_instance():
+    """Stellaris's parameter server and the sync learner at the same hourly price: the money buys
+    each the same machine (issue 47's equal-money comparison)."""
+    from nitro.pricing.cost import ledger_from_config
+
+    spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / "study_stellaris_priced.yaml")
+    configs = {c.scaler: cell_config(spec, c) for c in expand_cells(spec)}
+    assert [configs[s].learner.mode for s in ("stellaris", "sync-80", "sync")] == ["stellaris", "sync", "sync"]
+    assert {ledger_from_config(cfg).prices.learner_per_hour for cfg in configs.values()} == {0.085}
+    assert set(spec.thresholds) == set(spec.matrix.env)
 
 
 # -- matrix expansion and cell ids -----------------------------------------------------------------
@@ -296,6 +316,27 @@ def test_late_return_by_hand():
     assert math.isnan(bare[0]["late_return_mean"]) and "| - |" in format_summary(bare)
 
 
+def test_time_to_threshold_by_hand():
+    from nitro.experiments.stats import threshold_table, time_to_threshold
+
+    nan = float("nan")
+    # billed seconds 1, 2, 4, 8, 16 in rounds 0-4 (given out of order); evaluations in rounds 0, 2 and 4
+    history = [{"round": 4, "round_billed_s": 16.0, "eval_return_mean": 500.0},
+               {"round": 0, "round_billed_s": 1.0, "eval_return_mean": 10.0},
+               {"round": 1, "round_billed_s": 2.0, "eval_return_mean": nan},
+               {"round": 2, "round_billed_s": 4.0, "eval_return_mean": 300.0}, {"round": 3, "round_billed_s": 8.0}]
+    assert time_to_threshold(history, 300.0) == 7.0  # rounds 0-2: the evaluation's round included
+    assert time_to_threshold(history, 301.0) == 31.0 and time_to_threshold(history, 10.0) == 1.0
+    assert time_to_threshold(history, 501.0) == math.inf
+
+    lines, records = threshold_table({"fixed": [10.0, 10.0, 10.0], "nitro": [5.0, 5.0, 5.0],
+                                      "random": [5.0, math.inf, 15.0]}, 300.0, "fixed")
+    by_label = {r["label"]: r for r in records}
+    assert by_label["nitro"]["ratio"] == {"ratio": 0.5, "lo": pytest.approx(0.5), "hi": pytest.approx(0.5)}
+    assert by_label["random"]["ratio"] is None and by_label["fixed"]["ratio"] is None  # one never reached it
+    assert "| random | 2 of 3 | 10 | - |" in lines and "| nitro | 3 of 3 | 5 | 0.50 (0.50-0.50) |" in lines
+
+
 # -- a tiny real experiment through the flow ---------------------------------------------------------
 
 
@@ -311,6 +352,7 @@ def _tiny(tmp_path: Path, redis_url: str) -> tuple[dict, str]:
         "compare": "rounds",
         "rounds": 2,
         "reference": "nitro",
+        "thresholds": {"Hopper-v5": -1e9},  # every run reaches it at its first evaluation (round 0)
     }
     return spec, uri
 
@@ -392,6 +434,13 @@ def test_tiny_experiment_through_the_flow(prefect_api, tmp_path, redis_url):
     normalised = any(agg["arms"] for agg in results["statistics"]["across_tasks"])
     assert ("performance-profile.png" in names) == normalised
     assert all(math.isfinite(r["start_return"]) for r in results["runs"])  # round 0 evaluates
+    # time to the threshold: round 0's billed seconds, each run's as rounds.csv holds it
+    round0 = {name: rounds[0]["round_billed_s"] for name, rounds in read_rounds(out_dir).items()}
+    by_label = {t["label"]: t for t in results["time_to_threshold"]}
+    assert {(lab, t["reached"], t["n"]) for lab, t in by_label.items()} == {("nitro", 2, 2), ("random", 2, 2)}
+    assert sorted(s for t in by_label.values() for s in t["times_s"]) == pytest.approx(sorted(round0.values()))
+    assert by_label["nitro"]["ratio"] is None and by_label["random"]["ratio"]["ratio"] > 0
+    assert "Time to the threshold (-1e+09" in readme and "| random | 2 of 2 |" in readme
     # `nitro experiment report DIR` rebuilds the same statistics from the report's files alone
     from nitro.experiments.restats import rebuild_statistics
 

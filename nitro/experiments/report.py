@@ -37,6 +37,8 @@ from nitro.experiments.stats import (
     late_return,
     ratios_against,
     summarize,
+    threshold_table,
+    time_to_threshold,
 )
 
 REPORT_METRICS = ("eval_return_mean", "eval_stochastic_return_mean", "train_return_mean", "actors_launched",
@@ -57,6 +59,7 @@ class Report:
     # rliable's per task and arm (task_statistics) and across tasks, per metric (across_tasks)
     task_statistics: list[dict[str, Any]] = field(default_factory=list)
     across_tasks: list[dict[str, Any]] = field(default_factory=list)
+    thresholds: list[dict[str, Any]] = field(default_factory=list)  # per env, algo and arm: time to the threshold
     markdown: str = ""
 
 
@@ -217,6 +220,12 @@ def build_report(
                        "the probability of improvement below says how often its seed beats the reference's.", "",
                        format_ratios(ratios), ""]
                 report.ratios += ratios
+            if (threshold := spec.thresholds.get(env)) is not None:
+                lines, records = threshold_table(
+                    {lab: [time_to_threshold(run, threshold) for run in runs] for lab, runs in groups.items()},
+                    threshold, spec.reference)
+                md += lines
+                report.thresholds += [{"env": env, "algo": algo, **r} for r in records]
             stats = task_statistics(main_rows, env, algo, main_labels, spec.reference)
             if stats:
                 md += task_block(env, algo, stats, spec.reference, LATE_EVALUATIONS)
@@ -280,6 +289,7 @@ def build_report(
     results = {
         "experiment": spec.name, "spec": spec.model_dump(mode="json"), "parent_run_id": parent_run_id,
         "tracking_uri": tracking_uri, "machine": info, "summary": report.summary, "ratios": report.ratios,
+        "time_to_threshold": report.thresholds,
         "statistics": {"per_task": report.task_statistics, "across_tasks": report.across_tasks},
         "configs": configs, "runs": rows, "notes": dict(notes or {}),
     }

@@ -119,6 +119,9 @@ class ExperimentSpec(_Strict):
     sensitivity: SensitivitySpec | None = None
     reference: str = Field("fixed", description="the matrix entry the report divides every other entry's "
                            "return and spend by (no ratio table when the matrix lacks it)")
+    thresholds: dict[str, float] = Field(default_factory=dict, description="per env: the return (whole episodes, "
+                                         "mean action) whose first evaluation at or above it times each run on its "
+                                         "billed clock; fixed before any cell runs")
     report_dir: str | None = Field(None, description="default: docs/results/<name>")
 
     @model_validator(mode="after")
@@ -136,6 +139,8 @@ class ExperimentSpec(_Strict):
         for key in ("budget_usd", "rounds"):
             if self.base.get(key) is not None:
                 raise ValueError(f"base.{key} is set by `compare`; remove it from base")
+        if stray := sorted(set(self.thresholds) - set(self.matrix.env)):
+            raise ValueError(f"thresholds: {', '.join(stray)} not in matrix.env")
         for name in self.baselines:
             if not re.match(BASELINE_NAME, name):
                 raise ValueError(f"baselines: name {name!r} must match {BASELINE_NAME}")

@@ -216,3 +216,37 @@ def format_ratios(ratios: Sequence[Mapping[str, Any]]) -> str:
     lines += [f"| {r['label']} | {r['reference']} | {r['n']} / {r['n_reference']} | {format_ratio(r['return'])} "
               f"| {format_ratio(r.get('late_return'))} | {format_ratio(r['spend'])} |" for r in ratios]
     return "\n".join(lines)
+
+
+def time_to_threshold(history: Sequence[Mapping[str, Any]], threshold: float) -> float:
+    """Seconds on the run's billed clock (``round_billed_s`` summed in round order, the round of the
+    evaluation included) at its first evaluation (whole episodes, mean action) at or above
+    ``threshold``; inf where none reached it."""
+    elapsed = 0.0
+    for h in sorted(history, key=lambda h: h["round"]):
+        elapsed += float(h["round_billed_s"]) if finite(h.get("round_billed_s")) else 0.0
+        if finite(h.get("eval_return_mean")) and float(h["eval_return_mean"]) >= threshold:
+            return elapsed
+    return math.inf
+
+
+def threshold_table(times: Mapping[str, Sequence[float]], threshold: float,
+                    reference: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """Per label (its runs' ``time_to_threshold``s): how many reached ``threshold``, their mean time,
+    and the mean time's ratio to ``reference``'s (``ratio_ci``) where every run of both reached it (a
+    run that never did has no time to average). Markdown lines and the records."""
+    ref = list(times.get(reference, []))
+    lines = [f"Time to the threshold ({threshold:g}, fixed before any cell ran): seconds on the billed clock "
+             "until a run's first evaluation at or above it; ratio to "
+             f"`{reference}` (below 1: sooner) only where every run of both reached it.", "",
+             "| scaler | reached | mean time of those that reached (s) | ratio (95% CI) |", "|---|---|---|---|"]
+    records = []
+    for label, ts in times.items():
+        reached = [t for t in ts if math.isfinite(t)]
+        whole = len(reached) == len(ts) and ref and all(math.isfinite(t) for t in ref)
+        ratio = ratio_ci(ts, ref) if whole and label != reference else None
+        records.append({"label": label, "threshold": threshold, "reached": len(reached), "n": len(ts),
+                        "times_s": list(ts), "ratio": ratio})
+        lines.append(f"| {label} | {len(reached)} of {len(ts)} | {f'{_mean(reached):.0f}' if reached else '-'} | "
+                     f"{format_ratio(ratio) if ratio else '-'} |")
+    return [*lines, ""], records
