@@ -163,10 +163,6 @@ class Gate:
         """The jobs invocation ``by`` took, in order."""
         return [int(j) for j in self.cache.client.lrange(self._took + by, 0, -1)]
 
-    def bound_version(self, job: int) -> int | None:
-        raw = self.cache.client.hget(self.bound, job)
-        return None if raw is None else int(raw)
-
     def snapshot_key(self, version: int) -> str:
         return snapshot_key(self.cache, self.round, self.attempt, version)
 
