@@ -54,7 +54,7 @@ import numpy as np
 from _common import RESULTS, isolated_home, machine, run_overrides
 
 from nitro.experiments.aggregate import improvement_probability
-from nitro.experiments.stats import ratio_ci
+from nitro.experiments.stats import ratio_ci, time_to_threshold
 
 PROFILE = ("ppo/stellaris_server_", "ppo/stellaris_job_")  # where the parameter server's and a job's time goes
 THRESHOLDS = {"Hopper-v5": 400.0, "Walker2d-v5": 300.0}
@@ -101,17 +101,6 @@ def at_spend(rows: list[dict], spend: float, key: str) -> float:
     return last
 
 
-def time_to(rows: list[dict], threshold: float) -> float:
-    """Cumulative projected seconds at the first mean-action evaluation >= ``threshold`` (inf: never)."""
-    total = 0.0
-    for r in rows:
-        total += r["round_lambda_s"]
-        value = r.get("eval_return_mean")
-        if value is not None and not math.isnan(value) and value >= threshold:
-            return total
-    return math.inf
-
-
 def mean_ci(values: list[float]) -> dict:
     x = np.asarray([v for v in values if math.isfinite(v)], dtype=float)
     if len(x) == 0:
@@ -135,7 +124,7 @@ def compare(runs: list[dict], arms: list[str], base: str) -> dict:
             mine = [r for r in env_runs if r["arm"] == arm]
             det = [at_spend(r["rounds"], spend, "eval_return_mean") for r in mine]
             sto = [at_spend(r["rounds"], spend, "eval_stochastic_return_mean") for r in mine]
-            times = [time_to(r["rounds"], THRESHOLDS[env_id]) for r in mine]
+            times = [time_to_threshold(r["rounds"], THRESHOLDS[env_id], clock="round_lambda_s") for r in mine]
             per_arm[arm] = {"return_mean_action": mean_ci(det), "return_sampled": mean_ci(sto),
                             "returns_mean_action": det, "returns_sampled": sto,
                             "time_to_threshold_s": times, "reached": sum(math.isfinite(t) for t in times),

@@ -218,13 +218,13 @@ def format_ratios(ratios: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def time_to_threshold(history: Sequence[Mapping[str, Any]], threshold: float) -> float:
-    """Seconds on the run's billed clock (``round_billed_s`` summed in round order, the round of the
-    evaluation included) at its first evaluation (whole episodes, mean action) at or above
-    ``threshold``; inf where none reached it."""
+def time_to_threshold(history: Sequence[Mapping[str, Any]], threshold: float, clock: str = "round_billed_s") -> float:
+    """Seconds on the run's billed clock (``clock``: each round's seconds, summed in round order, the
+    round of the evaluation included) at its first evaluation (whole episodes, mean action) at or
+    above ``threshold``; inf where none reached it."""
     elapsed = 0.0
     for h in sorted(history, key=lambda h: h["round"]):
-        elapsed += float(h["round_billed_s"]) if finite(h.get("round_billed_s")) else 0.0
+        elapsed += float(h[clock]) if finite(h.get(clock)) else 0.0
         if finite(h.get("eval_return_mean")) and float(h["eval_return_mean"]) >= threshold:
             return elapsed
     return math.inf
