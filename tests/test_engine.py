@@ -264,3 +264,23 @@ def test_the_lambda_clock_bills_a_hand_worked_round(redis_url):
     # the defaults: 0.3 ms per request, 0.05 s invoke, 3 s cold start
     assert m["round_billed_s"] == 10.0 and m["round_lambda_s"] == pytest.approx(2.0 + 3 * 0.0003 + 0.05 + 2.5 + 3.0)
     assert m["spend_learner_usd"] == pytest.approx(0.68 * 10.0 / 3600, rel=1e-12)
+
+
+def test_stellaris_lanes_start_nothing_past_the_budgets_deadline(redis_url):
+    """Past the deadline a budget decision set, a lane's invocation is refused before it is marked
+    started or reaches the backend (none is given here: reaching it would fail otherwise), so
+    what the round's functions run after it is what was already in flight."""
+    from nitro.stellaris.jobs import GradientLane
+
+    training = _training(redis_url, "eng-stellaris-deadline", rounds=2, learner={"mode": "stellaris"},
+                         scaler={"name": "fixed", "fixed_actors": 2})
+    event = GradientLane.model_construct(invocation_id="eng-stellaris-deadline-lane0", round=0, lane=0)
+    training.mode.functions.allow(None)
+    training.deadline.at = time.perf_counter() - 1.0
+    summary = training.mode._invoke(event, backend=None)
+    assert not summary.ok and "the budget's deadline for the round's learning passed" in summary.error
+    assert training.cache.started(0, [event.invocation_id]) == set()
+    training.deadline.at = None  # no deadline: it is started, and the missing backend is its failure
+    summary = training.mode._invoke(event, backend=None)
+    assert not summary.ok and "AttributeError" in summary.error
+    assert training.cache.started(0, [event.invocation_id]) == {event.invocation_id}

@@ -22,6 +22,7 @@ from nitro.scaling.scalers import (
     largest_affordable,
     make_scaler,
 )
+from nitro.stellaris.allowance import FunctionAllowance
 
 NAN = float("nan")
 _SCHEDULER_FILE: list[str] = []
@@ -212,6 +213,7 @@ money = st.decimals(min_value=Decimal("0"), max_value=Decimal("0.0001"), places=
     i_min=st.integers(1, 16),
     i_span=st.integers(0, 64),
     stop_below_i_min=st.booleans(),
+    jobs_per_actor=st.sampled_from([0, 0, 3, 10]),
     seed=st.integers(0, 2**16),
 )
 @pytest.mark.slow
@@ -220,7 +222,7 @@ money = st.decimals(min_value=Decimal("0"), max_value=Decimal("0.0001"), places=
 @pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 def test_budget_is_never_exceeded(data, name, learner_per_hour, gb_s, per_million, prov, prov_dur, memory_mb, arch,
                                   provisioned, timeout_ms, parallel, steps, eval_invocations, budget, rounds, i_min,
-                                  i_span, stop_below_i_min, seed):
+                                  i_span, stop_below_i_min, jobs_per_actor, seed):
     """The engine's budget cap, round after round: scaler -> ``largest_affordable`` with the
     engine's own ``decision_cost`` -> actors billed anything up to (and past: the ledger cuts at)
     their timeout -> ledger. The learner's time is drawn as the engine bounds it, not from the
@@ -228,7 +230,9 @@ def test_budget_is_never_exceeded(data, name, learner_per_hour, gb_s, per_millio
     included) anywhere up to what the previous decision allowed for it, measured when the
     decision is made; its actors' part anywhere up to their timeout-bounded waves. Learner times
     far beyond the old reservation (twice the last round) are drawn too. The ledger never passes
-    the budget; the run stops exactly when the cap says 0."""
+    the budget; the run stops exactly when the cap says 0. With Stellaris's learner functions
+    (``jobs_per_actor``), the cap prices them at their allowance and the lanes enforce it: each
+    job's invocation is taken in a drawn order and billed anything up to twice its timeout."""
     prices = PriceTable(
         learner_per_hour=float(learner_per_hour), lambda_gb_s_x86=float(gb_s), lambda_gb_s_arm=float(gb_s),
         lambda_per_million_requests=float(per_million), provisioned_gb_s=float(prov),
@@ -245,7 +249,11 @@ def test_budget_is_never_exceeded(data, name, learner_per_hour, gb_s, per_millio
     # to pay even for that cannot be held by any cap (the run stops at its first decision).
     before_decision = data.draw(st.floats(0, 0.5), label="round 0 before its decision (s)")
     assume(ledger.learner_cost(before_decision) + ledger.provisioned_cost(before_decision) <= budget)
-    invocations = lambda n: n + eval_invocations if n else 0  # noqa: E731
+    functions = None
+    if jobs_per_actor:
+        functions = FunctionAllowance(timeout_ms, jobs_per_actor, lambda n: max(1, n // 2))
+        functions.per_job_ms.extend(data.draw(st.lists(st.floats(0, timeout_ms), max_size=3), label="per job (ms)"))
+    invocations = lambda n: n * (1 + jobs_per_actor) + eval_invocations if n else 0  # noqa: E731
     for k in range(rounds):
         R = data.draw(st.one_of(st.none(), st.just(NAN), st.floats(-5, 5)), label="R")
         gns = data.draw(st.one_of(st.none(), st.floats(0, 1e6)), label="gns")
@@ -254,7 +262,7 @@ def test_budget_is_never_exceeded(data, name, learner_per_hour, gb_s, per_millio
             assert cfg.i_min <= wanted <= cfg.i_max
 
         def cost(n: int, spent_s: float = before_decision) -> Decimal:  # the default binds this round's time
-            return decision_cost(ledger, bound, spent_s, invocations(n), n * steps)
+            return decision_cost(ledger, bound, spent_s, invocations(n), n * steps, n, functions)
 
         remaining = ledger.remaining(budget)
         n = largest_affordable(wanted, remaining, cost, min_actors=min_actors)
@@ -265,8 +273,24 @@ def test_budget_is_never_exceeded(data, name, learner_per_hour, gb_s, per_millio
             assert ledger.spent <= budget, (ledger.spent, budget)
             break
         acting = data.draw(st.floats(0, bound.acting_s(invocations(n))), label="actors' part (s)")
-        billed = data.draw(st.lists(st.integers(0, 2 * timeout_ms), min_size=invocations(n), max_size=invocations(n)),
-                           label="billed ms")
+        actors_invocations = invocations(n) - n * jobs_per_actor
+        billed = data.draw(st.lists(st.integers(0, 2 * timeout_ms), min_size=actors_invocations,
+                                    max_size=actors_invocations), label="billed ms")
+        if functions is not None:  # the lanes: up to n // 2 invocations in flight, each taken first
+            functions.allow(functions.limit_ms(n))
+            in_flight, jobs = 0, n * jobs_per_actor
+            while jobs or in_flight:
+                if in_flight and (not jobs or in_flight >= max(1, n // 2) or data.draw(st.booleans(), label="ends")):
+                    ms = data.draw(st.one_of(st.just(2 * timeout_ms), st.integers(0, 2 * timeout_ms)),
+                                   label="function billed ms")
+                    functions.settle(ms)
+                    billed.append(ms)
+                    in_flight -= 1
+                else:
+                    jobs -= 1
+                    in_flight += functions.take()
+            functions.answered(n * jobs_per_actor)
+            functions.close()
         round_s = before_decision + acting
         rc = ledger.charge_round(k, round_s, billed, provisioned_seconds=round_s)
         assert rc.total == rc.learner + rc.lambda_compute + rc.requests + rc.provisioned
@@ -276,3 +300,31 @@ def test_budget_is_never_exceeded(data, name, learner_per_hour, gb_s, per_millio
         allowed = bound.acting_s(invocations(n)) - acting + bound.allowance_s(n * steps)
         before_decision = data.draw(st.one_of(st.floats(0, allowed), st.just(allowed)), label="next update (s)")
         bound.observe(before_decision, n * steps)
+
+
+def test_a_decision_reserves_the_learner_functions_allowance_by_hand():
+    """Stellaris at 8 actors, 10 jobs each, 4 lanes, 50 ms billed a job so far: the cap prices the
+    80 jobs at the allowance (4 x 5 s + 2 x 50 ms x 80 = 28 s, 2 GB) instead of each at its 5 s
+    timeout, and lanes that bill every invocation at its timeout stay within what it reserved."""
+    prices = PriceTable(learner_per_hour=0.0, lambda_gb_s_x86=0.00001, lambda_per_million_requests=1.0)
+    ledger = CostLedger(prices, memory_mb=2048, local_actors=True, max_billed_ms=5000)
+    bound = LearnerBound(parallel=1000, timeout_s=5.0)
+    functions = FunctionAllowance(5000, 10, lambda n: math.ceil(n / 2))
+    functions.per_job_ms.append(50.0)
+    actor = Decimal("5") * 2 * Decimal("0.00001") + Decimal("0.000001")  # 10 GB-s and a request
+    assert functions.limit_ms(8) == 28_000
+    reserved = decision_cost(ledger, bound, 0.0, 8 * 11, 8 * 256, 8, functions)
+    assert reserved == 8 * actor + Decimal("28") * 2 * Decimal("0.00001") + 80 * Decimal("0.000001")
+    assert decision_cost(ledger, bound, 0.0, 8 * 11, 8 * 256, 8) == 88 * actor  # each at its timeout
+    functions.allow(functions.limit_ms(8))
+    billed, in_flight = [], 0
+    for _ in range(80):  # each lane's invocation runs to its timeout; a refused job is lost
+        while in_flight >= 4:
+            functions.settle(5000)
+            billed.append(5000)
+            in_flight -= 1
+        in_flight += functions.take()
+    billed += [5000] * in_flight
+    assert len(billed) == 5  # 4 at once, then one more while the settled ones leave room
+    invoice = ledger.charge_round(0, 0.0, [5000] * 8 + billed)
+    assert invoice.total <= reserved

@@ -7,6 +7,7 @@ the gradient jobs that ran)."""
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -615,3 +616,52 @@ def test_the_schedule_is_measured_on_lambda_and_ray_unless_configured():
         "seeded", "measured", "measured"]
     assert LearnerConfig(schedule="seeded").schedule_on("lambda") == "seeded"
     assert LearnerConfig(schedule="measured").schedule_on("local") == "measured"
+
+
+def test_the_learner_functions_allowance_by_hand():
+    """``nitro.stellaris.allowance``: every job at its timeout until a round is observed, then the
+    lanes' timeouts plus twice the most billed per job in the last rounds; each invocation counted
+    at its timeout while in flight and at its (timeout-capped) bill once it ends."""
+    from nitro.stellaris.allowance import WINDOW, FunctionAllowance
+
+    functions = FunctionAllowance(timeout_ms=5000, jobs_per_actor=10, lanes_for=lambda n: math.ceil(n / 2))
+    assert functions.limit_ms(8) == 80 * 5000 and functions.limit_ms(0) == 0
+    functions.allow(None)  # no budget: nothing is refused
+    assert all(functions.take() for _ in range(200))
+    functions.allow(None)
+    for billed in (100, 60, 40):
+        assert functions.take()
+        functions.settle(billed)
+    functions.answered(4)  # 200 ms over 4 answered jobs: 50 a job
+    functions.close()
+    functions.allow(12_000)
+    assert list(functions.per_job_ms) == [50.0]
+    assert functions.limit_ms(8) == 4 * 5000 + 2 * 50 * 80  # 4 lanes' timeouts, twice 50 ms a job
+    assert functions.limit_ms(1) == 1 * 5000 + 2 * 50 * 10
+    slow = FunctionAllowance(timeout_ms=5000, jobs_per_actor=10, lanes_for=lambda n: n)
+    slow.per_job_ms.append(4000.0)
+    assert slow.limit_ms(2) == 2 * 10 * 5000  # never more than every job at its timeout
+    assert functions.take() and functions.take()  # 10,000 ms in flight
+    assert not functions.take()  # 15,000 > 12,000
+    functions.settle(300)  # 5,300 committed
+    assert functions.take()  # 10,300
+    assert not functions.take()
+    functions.settle(9_000)  # capped at the timeout, as the ledger bills it: 10,300
+    assert not functions.take()
+    assert functions.metrics() == {"stellaris_functions_allowance_ms": 12_000.0, "stellaris_functions_refused": 3.0}
+    assert "12000 ms" in functions.refusal()
+    functions.answered(3)
+    functions.close()
+    functions.allow(None)
+    assert functions.per_job_ms[-1] == (300 + 5000) / 3
+    assert functions.metrics() == {"stellaris_functions_refused": 0.0}
+    for _ in range(WINDOW):  # rounds of 10 ms a job: the older, dearer ones age out
+        assert functions.take()
+        functions.settle(10)
+        functions.answered(1)
+        functions.close()
+        functions.allow(None)
+    assert functions.limit_ms(8) == 4 * 5000 + 2 * 10 * 80
+    restored = FunctionAllowance(timeout_ms=5000, jobs_per_actor=10, lanes_for=lambda n: math.ceil(n / 2))
+    restored.load_state_dict(functions.state_dict())
+    assert restored.limit_ms(8) == functions.limit_ms(8)

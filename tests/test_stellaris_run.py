@@ -250,3 +250,43 @@ def test_goodput_reads_the_noise_stellaris_functions_measure(prefect_api, redis_
     assert [measured[k + 1] for k in sorted(fragments) if k + 1 in measured] == [1.0] * len(
         [k for k in fragments if k + 1 in measured])  # a round's measurement reaches the next decision
     assert all(4 <= n <= 6 for n in history["actors_launched"])
+
+
+def test_a_budgeted_run_holds_its_learner_functions_to_the_allowance_it_reserved(prefect_api, redis_url, tmp_path,
+                                                                                  monkeypatch):
+    """With a budget, round 0 reserves every gradient job at its timeout; once a round has been
+    billed, each reserves the lanes' timeouts plus twice the billing per job, and no job is lost.
+    In round 2 every invocation is billed 5 s (as a function stuck in a slow start would be): the
+    lanes stop starting invocations once the next one's timeout would not fit, those jobs are lost
+    with the reason, the round and the run go on, and the next round's allowance reads the bills."""
+    from nitro.run.updates import StellarisUpdate
+
+    class SlowRound2:
+        def __init__(self, backend):
+            self.backend = backend
+
+        def invoke(self, event):
+            summary = self.backend.invoke(event)
+            return summary.model_copy(update={"billed_ms": 5000}) if event.round == 2 else summary
+
+    original = StellarisUpdate.run_seeded_lane
+    monkeypatch.setattr(StellarisUpdate, "run_seeded_lane",
+                        lambda self, plan, lane, backend: original(self, plan, lane, SlowRound2(backend)))
+    run_id = "stellaris-allowance"
+    result, run, history = _train(tmp_path, run_id, redis_url, "budget_usd=0.1", "backend.timeout_s=120", rounds=4)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow-{run_id}.db")
+
+    def metric(name: str) -> list[float]:
+        return [m.value for m in sorted(client.get_metric_history(result.mlflow_run_id, name), key=lambda m: m.step)]
+
+    allowance, refused = metric("ppo/stellaris_functions_allowance_ms"), metric("ppo/stellaris_functions_refused")
+    jobs, lanes, timeout_ms = 2 * 2 * 2, 2, 120_000
+    assert result.rounds_done == 4 and history["actors_launched"] == [2.0] * 4
+    assert allowance[0] == jobs * timeout_ms  # nothing billed yet: every job at its timeout
+    assert all(lanes * timeout_ms < a < jobs * timeout_ms for a in allowance[1:3])
+    assert refused[:2] == [0.0, 0.0] and history["ppo/stellaris_gradients_lost"][:2] == [0.0, 0.0]
+    assert refused[2] > 0 and history["ppo/stellaris_gradients_lost"][2] >= refused[2]
+    assert allowance[3] > allowance[2]  # round 2's 5 s bills raise the billing per job
+    reasons = [v for k, v in run.data.tags.items() if k.startswith("nitro.corrupt.")]
+    assert any("would pass their budgeted allowance" in v for v in reasons), reasons
+    assert max(metric("spend_total_usd")) <= 0.1

@@ -30,6 +30,7 @@ from nitro.experiments.rounds import write_rounds
 from nitro.experiments.spec import ExperimentSpec
 from nitro.experiments.stats import (
     LATE_EVALUATIONS,
+    capped_table,
     experiment_rows,
     finite,
     format_ratios,
@@ -226,6 +227,8 @@ def build_report(
                     threshold, spec.reference)
                 md += lines
                 report.thresholds += [{"env": env, "algo": algo, **r} for r in records]
+            if spec.compare == "budget":
+                md += capped_table(groups)
             stats = task_statistics(main_rows, env, algo, main_labels, spec.reference)
             if stats:
                 md += task_block(env, algo, stats, spec.reference, LATE_EVALUATIONS)

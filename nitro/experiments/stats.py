@@ -250,3 +250,25 @@ def threshold_table(times: Mapping[str, Sequence[float]], threshold: float,
         lines.append(f"| {label} | {len(reached)} of {len(ts)} | {f'{_mean(reached):.0f}' if reached else '-'} | "
                      f"{format_ratio(ratio) if ratio else '-'} |")
     return [*lines, ""], records
+
+
+def capped_rounds(history: Sequence[Mapping[str, Any]]) -> tuple[int, float, float]:
+    """A budget run's rounds that the cap held under the actors its scaler asked for (some launched,
+    fewer than wanted; the final evaluation round, with none, is not one): how many, the money they
+    took, and its share of the run's spend."""
+    capped = [h for h in history if 0 < float(h.get("actors_launched", 0)) < float(h.get("actors_wanted", 0))]
+    usd = sum(float(h["spend_round_usd"]) for h in capped if finite(h.get("spend_round_usd")))
+    total = sum(float(h["spend_round_usd"]) for h in history if finite(h.get("spend_round_usd")))
+    return len(capped), usd, usd / total if total > 0 else 0.0
+
+
+def capped_table(runs: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]) -> list[str]:
+    """Per label (its runs' histories): the mean of ``capped_rounds`` over its runs."""
+    lines = ["Rounds the budget cap held under the actors asked for (the cap reserves each decision's worst case, "
+             "so every arm runs fewer over the end of its money): mean over runs.", "",
+             "| scaler | capped rounds | their spend (USD) | share of the spend |", "|---|---|---|---|"]
+    for label, histories in runs.items():
+        counts = [capped_rounds(h) for h in histories]
+        lines.append(f"| {label} | {_mean([c[0] for c in counts]):.1f} | {_mean([c[1] for c in counts]):.5f} | "
+                     f"{_mean([c[2] for c in counts]):.0%} |")
+    return [*lines, ""]

@@ -233,6 +233,15 @@ class CostLedger:
             worst = max(worst, self.invocation_cost(self.max_billed_ms, provisioned=True))
         return worst
 
+    def max_functions_cost(self, billed_ms: int, invocations: int) -> Decimal:
+        """An upper bound of what ``invocations`` billed ``billed_ms`` in all can cost on Lambda:
+        the duration at the dearer of the on-demand and (where configured) provisioned rates, plus
+        one request each (Stellaris's learner functions under their allowance)."""
+        rate = self.rate_gb_s
+        if self.provisioned_concurrency:
+            rate = max(rate, self.rate_provisioned_duration_gb_s)
+        return Decimal(billed_ms) / _MS_PER_S * self.gb * rate + invocations * self.rate_request
+
     def max_actors_cost(self, invocations: int, actors: int, seconds: float | Decimal) -> Decimal:
         """An upper bound of what ``invocations`` (``actors`` of them training actors) can add to
         the invoice while the learner runs ``seconds``: each at its timeout on Lambda; on VMs,

@@ -102,6 +102,7 @@ class TrainingRun:
         # reserved for it restarts the deadline on resume.
         self.deadline = UpdateDeadline()
         self.reserved_next_s: float | None = None
+        self.decided_at: float | None = None  # a budget run's last decision (time.perf_counter)
         self.scaler = make_scaler(config.scaler, seed=config.seed, steps_per_actor=config.steps_per_actor,
                                   run=config)
         self.mode = make_update_mode(config, self.learner, cache, self.run_dir, self.behaviour, self.bounds,
@@ -171,8 +172,9 @@ class TrainingRun:
             cap = cap_by_budget(self.ledger, self.bound, wanted=wanted, affordable=remaining - reserve,
                                 elapsed_s=elapsed, eval_invocations=eval_invocations(self.config, k),
                                 steps_per_actor=self.config.steps_per_actor,
-                                functions_per_actor=self.mode.functions_per_actor)
+                                functions=self.mode.functions)
             n = cap.n_actors
+            self.decided_at = now
             self.deadline.at = now + cap.deadline_after_s if cap.deadline_after_s is not None else None
             self.reserved_next_s = cap.reserved_next_s
             if n < wanted:
@@ -182,6 +184,8 @@ class TrainingRun:
                 # the policy it trained last, not on whichever round happened to evaluate before.
                 final_evaluation = True
                 reason = f"budget spent: a final evaluation (${float(remaining):.4f} left)"
+        if self.mode.functions is not None:  # the lanes hold the round's learner functions to what the cap reserved
+            self.mode.functions.allow(self.mode.functions.limit_ms(n) if remaining is not None else None)
         started_vms = 0
         if self.ledger.vm is not None:  # the decision sizes the actors' instances (nitro.pricing.vm)
             evals = eval_invocations(self.config, k, final_evaluation) if n or final_evaluation else 0
@@ -246,6 +250,9 @@ class TrainingRun:
         steps = sum(s.steps for s in ok)
         self.env_steps_total += steps
         billed_s, lambda_s = self.clock.round(elapsed_s, actor_s, [s.duration_s for s in unique], update.projected_s)
+        if self.mode.overlaps_actors and update.samples and self.decided_at is not None:
+            # The update ran beside the actors, after the decision: that part bounds its rate.
+            self.bound.observe(time.perf_counter() - self.decided_at, update.samples)
         functions = functions or []
         cost = self.ledger.charge_round(
             k, learner_seconds=billed_s,

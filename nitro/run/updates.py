@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from nitro.learners import Learner, OffPolicyLearner, PPOLearner, Progress, Upda
 from nitro.learners.behaviour import BehaviourPolicies
 from nitro.run.crashes import crash_point
 from nitro.run.rundir import RunDir
+from nitro.stellaris.allowance import FunctionAllowance
 from nitro.stellaris.jobs import GradientLane
 from nitro.stellaris.round import GradientPlan, StellarisLearning
 from nitro.stellaris.schedule import replay
@@ -106,7 +108,7 @@ class UpdateMode(Protocol):
 
     name: str  # "sync" | "learn-while-acting" | "stellaris": the round flow that drives it
     overlaps_actors: bool  # the update runs while the round's actors act (after the decision)
-    functions_per_actor: int  # learner functions a training actor brings along (the budget counts them)
+    functions: FunctionAllowance | None  # Stellaris: its learner functions, and what a budget lets them bill
     pending: list[str]  # invocation ids whose batches the next update consumes
 
     def round_ended(self, k: int, ok: Sequence[ActorSummary]) -> None:
@@ -122,7 +124,7 @@ class LearnerUpdates:
     that stops a run whose updates keep failing (every minibatch had a non-finite loss or gradient)
     rather than go on with a learner that cannot learn from what it is given."""
 
-    functions_per_actor = 0
+    functions = None
 
     def __init__(self, config: NitroConfig, learner: Learner, cache: TrajectoryCache, door: Door,
                  deadline: UpdateDeadline, lr_gain: Callable[[int], float] = lambda n_batches: 1.0):
@@ -248,11 +250,13 @@ class StellarisUpdate:
     overlaps_actors = True
 
     def __init__(self, config: NitroConfig, learner: PPOLearner, cache: TrajectoryCache, run_dir: RunDir,
-                 behaviour: BehaviourPolicies, bounds: Bounds, actor_cache_url: str, actor_credentials: dict[str, str]):
-        self.config, self.cache, self.run_dir = config, cache, run_dir
+                 behaviour: BehaviourPolicies, bounds: Bounds, deadline: UpdateDeadline, actor_cache_url: str,
+                 actor_credentials: dict[str, str]):
+        self.config, self.cache, self.run_dir, self.deadline = config, cache, run_dir, deadline
         self.actor_cache_url, self.actor_credentials = actor_cache_url, actor_credentials
         self.learning = StellarisLearning(config, learner, cache, run_dir.run_id, behaviour, bounds)
-        self.functions_per_actor = self.learning.jobs_per_actor()
+        self.functions = FunctionAllowance(math.ceil(config.backend.timeout_s * 1000), self.learning.jobs_per_actor(),
+                                           config.learner.functions_for)
         self.pending: list[str] = []
 
     def plan(self, k: int, events: list[ActorEvent], weights_key: str) -> GradientPlan:
@@ -308,13 +312,21 @@ class StellarisUpdate:
         return invocations
 
     def _invoke(self, event: GradientLane, backend: Backend) -> ActorSummary:
-        """One lane invocation, recorded as started first (a resume bills it from then on); a
-        failed one's summary is left in the cache for a resume too. Never raises."""
+        """One lane invocation, if a budget run's deadline for the round has not passed and its
+        allowance has room for it at its timeout (``nitro.stellaris.allowance``), recorded as
+        started first (a resume bills it from then on); a failed one's summary is left in the cache
+        for a resume too. Never raises."""
+        if self.deadline.passed():  # what runs past it ends within its timeout, which the cap reserves
+            return ActorSummary.failed(event.invocation_id, "gradient job not started: the budget's deadline for "
+                                       "the round's learning passed")
+        if not self.functions.take():
+            return ActorSummary.failed(event.invocation_id, self.functions.refusal())
         self.cache.mark_started(event.round, event.invocation_id)
         try:
             summary = backend.invoke(event)
         except Exception as exc:  # the backend's own fault
             summary = ActorSummary.failed(event.invocation_id, f"{type(exc).__name__}: {exc}")
+        self.functions.settle(summary.billed_ms)
         if not summary.ok:
             self.cache.put_summary(event.round, event.invocation_id, summary.model_dump_json())
         return summary
@@ -322,6 +334,7 @@ class StellarisUpdate:
     def serve(self, k: int, plan: GradientPlan) -> UpdateReport:
         """Apply the round's gradients as the schedule lands them (``StellarisLearning.serve``)."""
         served = self.learning.serve(k, plan)
+        self.functions.answered(len(plan.jobs) - len(served.lost))
         batches = list(served.batches.values())
         corrupt = {**served.corrupt, **served.lost}
         answers = {inv: ActorSummary.model_validate_json(raw) for inv, raw in self.cache.get_summaries(
@@ -331,10 +344,11 @@ class StellarisUpdate:
                     if j.invocation_id in answers and answers[j.invocation_id].profile]
         profile = {f"stellaris_job_{part}": sum(p.get(part, 0.0) for p in profiles) / len(profiles)
                    for part in sorted({part for p in profiles for part in p})}  # a job's mean seconds by part
+        diagnostics = served.metrics | profile | self.functions.metrics() | {
+            "stellaris_projected_s": projected, "stellaris_learning_s": learning}
         return UpdateReport(samples=int(sum(len(b["rewards"]) for b in batches)), batches=len(batches),
                             missing=sorted(served.missing), corrupt=sorted(served.corrupt), corrupt_reasons=corrupt,
-                            seconds=served.busy_s, projected_s=projected, diagnostics=served.metrics | profile | {
-                                "stellaris_projected_s": projected, "stellaris_learning_s": learning})
+                            seconds=served.busy_s, projected_s=projected, diagnostics=diagnostics)
 
     def projected_update_s(self, plan: GradientPlan, answers: dict[str, ActorSummary], busy_s: float,
                            versions: int) -> tuple[float, float]:
@@ -355,14 +369,17 @@ class StellarisUpdate:
                       busy_s=busy_s, versions=versions)
 
     def round_ended(self, k: int, ok: Sequence[ActorSummary]) -> None:
-        """The parameter server trained on the round's batches as they landed."""
+        """The parameter server trained on the round's batches as they landed; the lanes have all
+        returned, so the round's billing per job is complete."""
+        self.functions.close()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"pending": [], "stellaris": self.learning.state_dict()}
+        return {"pending": [], "stellaris": self.learning.state_dict() | {"functions": self.functions.state_dict()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("stellaris"):
             self.learning.load_state_dict(state["stellaris"])
+            self.functions.load_state_dict(state["stellaris"].get("functions", {}))
 
 
 def make_update_mode(config: NitroConfig, learner: Learner, cache: TrajectoryCache, run_dir: RunDir,
@@ -374,7 +391,8 @@ def make_update_mode(config: NitroConfig, learner: Learner, cache: TrajectoryCac
     if config.update_mode == "stellaris":
         if not isinstance(learner, PPOLearner):
             raise TypeError(f"learner.mode=stellaris computes PPO gradients, not {type(learner).__name__}'s")
-        return StellarisUpdate(config, learner, cache, run_dir, behaviour, bounds, actor_cache_url, actor_credentials)
+        return StellarisUpdate(config, learner, cache, run_dir, behaviour, bounds, deadline, actor_cache_url,
+                               actor_credentials)
     door = Door(config, learner, behaviour, bounds)
     if config.update_mode == "learn-while-acting":
         if not isinstance(learner, OffPolicyLearner):

@@ -18,6 +18,13 @@ round 0 has no update, so a rule that reserved a multiple of the last round's wa
 under-reserve round 1 (the first update and detection). What follows the decision is bounded as
 above.
 
+Stellaris's learner functions are bounded by the allowance they enforce on themselves
+(``LearnerFunctions.limit_ms``, ``nitro.stellaris.allowance``), not each at its timeout: they
+count in the round's invocations for its time, and in its money at that allowance. Their lanes
+start no invocation past the round's deadline, so the learner's time gains one timeout for the
+invocations still running then. A mode that updates beside its actors has no update before its
+decision: the rate it feeds the allowance is its round's time after the decision, per sample.
+
 A budget run also keeps back what its final evaluation costs (``final_eval_reserve``), so it ends
 on a score of the policy it trained last. ``cap_by_budget`` is the decision's cap with all of this.
 """
@@ -28,6 +35,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Protocol
 
 from nitro.pricing.cost import CostLedger
 from nitro.scaling.scalers import largest_affordable
@@ -83,14 +91,32 @@ class LearnerBound:
             self.update_s_per_sample = max(rate, self.update_s_per_sample or 0.0)
 
 
+class LearnerFunctions(Protocol):
+    """A round's learner functions as the cap sees them (``nitro.stellaris.allowance``)."""
+
+    jobs_per_actor: int  # invocations a training actor brings along, at most
+
+    def limit_ms(self, n_actors: int) -> int:
+        """The most the functions of a round of ``n_actors`` may be billed in all (they enforce it)."""
+        ...
+
+
 def decision_cost(ledger: CostLedger, bound: LearnerBound, elapsed_s: float, invocations: int, samples: int,
-                  actors: int = 0) -> Decimal:
+                  actors: int = 0, functions: LearnerFunctions | None = None) -> Decimal:
     """An upper bound of what a decision for ``invocations`` (``actors`` of them training actors,
-    which bring ``samples``) can cost until the next decision: the learner's time (``elapsed_s``
-    of this round so far, plus ``bound.reserve_s``) with its provisioned concurrency, and the
-    actors' (``CostLedger.max_actors_cost``: each invocation at its timeout on Lambda)."""
+    which bring ``samples``, and ``functions``' invocations for them) can cost until the next
+    decision: the learner's time (``elapsed_s`` of this round so far, plus ``bound.reserve_s``)
+    with its provisioned concurrency, the actors' (``CostLedger.max_actors_cost``: each invocation
+    at its timeout on Lambda) and the learner functions' allowance."""
     seconds = elapsed_s + bound.reserve_s(invocations, samples, actors)
-    return ledger.round_fixed_cost(seconds, seconds) + ledger.max_actors_cost(invocations, actors, seconds)
+    if functions is not None and actors:  # lanes start nothing past the deadline; what runs ends by its timeout
+        seconds += bound.timeout_s
+    cost = ledger.round_fixed_cost(seconds, seconds)
+    if functions is not None and actors:
+        jobs = actors * functions.jobs_per_actor
+        invocations -= jobs
+        cost += ledger.max_functions_cost(functions.limit_ms(actors), jobs)
+    return cost + ledger.max_actors_cost(invocations, actors, seconds)
 
 
 def final_eval_reserve(ledger: CostLedger, bound: LearnerBound, eval_invocations: int) -> Decimal:
@@ -111,18 +137,19 @@ class BudgetCap:
 
 
 def cap_by_budget(ledger: CostLedger, bound: LearnerBound, *, wanted: int, affordable: Decimal, elapsed_s: float,
-                  eval_invocations: int, steps_per_actor: int, functions_per_actor: int = 0) -> BudgetCap:
+                  eval_invocations: int, steps_per_actor: int, functions: LearnerFunctions | None = None) -> BudgetCap:
     """The most actors, at most ``wanted``, whose worst case fits in ``affordable``: this round's
     measured ``elapsed_s`` so far, the actors' timeout-bounded waves (with the round's
-    ``eval_invocations``, which run only beside training actors, and Stellaris's
-    ``functions_per_actor`` learner-function invocations per training actor) and the next round's
-    update, which the returned deadline enforces. Each invocation may be billed up to its timeout."""
+    ``eval_invocations``, which run only beside training actors, and Stellaris's learner
+    ``functions`` for each training actor, at their allowance) and the next round's update, which
+    the returned deadline enforces. Each actor's invocation may be billed up to its timeout."""
+    per_actor = 1 + (functions.jobs_per_actor if functions is not None else 0)
 
     def invocations(n: int) -> int:
-        return n * (1 + functions_per_actor) + eval_invocations if n else 0
+        return n * per_actor + eval_invocations if n else 0
 
     def cost(n: int) -> Decimal:
-        return decision_cost(ledger, bound, elapsed_s, invocations(n), n * steps_per_actor, n)
+        return decision_cost(ledger, bound, elapsed_s, invocations(n), n * steps_per_actor, n, functions)
 
     n = largest_affordable(wanted, affordable, cost, min_actors=1)
     if not n:
