@@ -337,20 +337,22 @@ def test_time_to_threshold_by_hand():
     assert "| random | 2 of 3 | 10 | - |" in lines and "| nitro | 3 of 3 | 5 | 0.50 (0.50-0.50) |" in lines
 
 
-def test_capped_rounds_by_hand():
-    from nitro.experiments.stats import capped_rounds, capped_table
+def test_round_costs_by_hand():
+    from nitro.experiments.stats import round_cost_table, round_costs
 
     nan = float("nan")
-    history = [{"actors_launched": 8, "actors_wanted": 8, "spend_round_usd": 0.004},
-               {"actors_launched": 5, "actors_wanted": 8, "spend_round_usd": 0.003},
+    history = [{"actors_launched": 8, "actors_wanted": 8, "spend_round_usd": 0.004, "round_billed_s": 1.0},
+               {"actors_launched": 8, "actors_wanted": 8, "spend_round_usd": 0.002, "round_billed_s": 3.0},
+               {"actors_launched": 5, "actors_wanted": 8, "spend_round_usd": 0.003, "round_billed_s": 0.5},
                {"actors_launched": 2, "actors_wanted": 8, "spend_round_usd": 0.002},
                {"actors_launched": 0, "actors_wanted": 8, "spend_round_usd": 0.001},  # the final evaluation
                {"actors_launched": 3, "actors_wanted": 8, "spend_round_usd": nan}]
-    count, usd, share = capped_rounds(history)
-    assert count == 3 and usd == pytest.approx(0.005) and share == pytest.approx(0.5)
-    assert capped_rounds([{"actors_launched": 8, "actors_wanted": 8, "spend_round_usd": 0.0}]) == (0, 0.0, 0.0)
-    lines = capped_table({"sync": [history, history[:1]]})
-    assert "| sync | 1.5 | 0.00250 | 25% |" in lines
+    costs = round_costs(history)
+    assert costs["full_round_usd"] == pytest.approx(0.003) and costs["full_round_billed_s"] == 2.0
+    assert costs["capped_rounds"] == 3 and costs["capped_usd"] == pytest.approx(0.005)
+    assert costs["capped_share"] == pytest.approx(0.005 / 0.012)
+    lines = round_cost_table({"sync": [history, history[:2]]})
+    assert "| sync | 0.0030000 | 2.00 | 1.5 | 0.00250 | 21% |" in lines
 
 
 # -- a tiny real experiment through the flow ---------------------------------------------------------

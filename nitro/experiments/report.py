@@ -30,13 +30,13 @@ from nitro.experiments.rounds import write_rounds
 from nitro.experiments.spec import ExperimentSpec
 from nitro.experiments.stats import (
     LATE_EVALUATIONS,
-    capped_table,
     experiment_rows,
     finite,
     format_ratios,
     format_summary,
     late_return,
     ratios_against,
+    round_cost_table,
     summarize,
     threshold_table,
     time_to_threshold,
@@ -228,7 +228,7 @@ def build_report(
                 md += lines
                 report.thresholds += [{"env": env, "algo": algo, **r} for r in records]
             if spec.compare == "budget":
-                md += capped_table(groups)
+                md += round_cost_table(groups)
             stats = task_statistics(main_rows, env, algo, main_labels, spec.reference)
             if stats:
                 md += task_block(env, algo, stats, spec.reference, LATE_EVALUATIONS)

@@ -252,23 +252,35 @@ def threshold_table(times: Mapping[str, Sequence[float]], threshold: float,
     return [*lines, ""], records
 
 
-def capped_rounds(history: Sequence[Mapping[str, Any]]) -> tuple[int, float, float]:
-    """A budget run's rounds that the cap held under the actors its scaler asked for (some launched,
-    fewer than wanted; the final evaluation round, with none, is not one): how many, the money they
-    took, and its share of the run's spend."""
-    capped = [h for h in history if 0 < float(h.get("actors_launched", 0)) < float(h.get("actors_wanted", 0))]
-    usd = sum(float(h["spend_round_usd"]) for h in capped if finite(h.get("spend_round_usd")))
-    total = sum(float(h["spend_round_usd"]) for h in history if finite(h.get("spend_round_usd")))
-    return len(capped), usd, usd / total if total > 0 else 0.0
+def round_costs(history: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """A budget run's rounds, read from its ledger: the mean spend and billed seconds of a round at
+    the actors its scaler asked for (what one more such round costs), and the rounds the cap held
+    under them (some launched, fewer than wanted; the final evaluation round, with none, is not
+    one), with the money they took and its share of the run's spend."""
+    def spend(h: Mapping[str, Any]) -> float:
+        return float(h["spend_round_usd"]) if finite(h.get("spend_round_usd")) else 0.0
+
+    launched = [(h, float(h.get("actors_launched", 0)), float(h.get("actors_wanted", 0))) for h in history]
+    full = [h for h, n, wanted in launched if n > 0 and n >= wanted]
+    capped = [h for h, n, wanted in launched if 0 < n < wanted]
+    total = sum(spend(h) for h in history)
+    billed = [float(h["round_billed_s"]) for h in full if finite(h.get("round_billed_s"))]
+    return {"full_round_usd": _mean([spend(h) for h in full]) if full else math.nan,
+            "full_round_billed_s": _mean(billed) if billed else math.nan,
+            "capped_rounds": float(len(capped)), "capped_usd": sum(spend(h) for h in capped),
+            "capped_share": sum(spend(h) for h in capped) / total if total > 0 else 0.0}
 
 
-def capped_table(runs: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]) -> list[str]:
-    """Per label (its runs' histories): the mean of ``capped_rounds`` over its runs."""
-    lines = ["Rounds the budget cap held under the actors asked for (the cap reserves each decision's worst case, "
-             "so every arm runs fewer over the end of its money): mean over runs.", "",
-             "| scaler | capped rounds | their spend (USD) | share of the spend |", "|---|---|---|---|"]
+def round_cost_table(runs: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]) -> list[str]:
+    """Per label (its runs' histories): the mean of ``round_costs`` over its runs."""
+    lines = ["What a round costs, from the cells' ledgers (mean over runs): a round at the actors asked for, its "
+             "spend and its seconds on the billed clock; and the rounds the budget cap held under them (the cap "
+             "reserves each decision's worst case, so every arm runs fewer over the end of its money).", "",
+             "| scaler | a full round (USD) | a full round (billed s) | capped rounds | their spend (USD) | "
+             "share of the spend |", "|---|---|---|---|---|---|"]
     for label, histories in runs.items():
-        counts = [capped_rounds(h) for h in histories]
-        lines.append(f"| {label} | {_mean([c[0] for c in counts]):.1f} | {_mean([c[1] for c in counts]):.5f} | "
-                     f"{_mean([c[2] for c in counts]):.0%} |")
+        costs = [round_costs(h) for h in histories]
+        mean = {key: _mean([c[key] for c in costs]) for key in costs[0]} if costs else {}
+        lines.append(f"| {label} | {mean['full_round_usd']:.7f} | {mean['full_round_billed_s']:.2f} | "
+                     f"{mean['capped_rounds']:.1f} | {mean['capped_usd']:.5f} | {mean['capped_share']:.0%} |")
     return [*lines, ""]
