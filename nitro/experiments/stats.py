@@ -263,12 +263,12 @@ def round_costs(history: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     launched = [(h, float(h.get("actors_launched", 0)), float(h.get("actors_wanted", 0))) for h in history]
     full = [h for h, n, wanted in launched if n > 0 and n >= wanted]
     capped = [h for h, n, wanted in launched if 0 < n < wanted]
-    total = sum(spend(h) for h in history)
+    total, capped_usd = sum(spend(h) for h in history), sum(spend(h) for h in capped)
     billed = [float(h["round_billed_s"]) for h in full if finite(h.get("round_billed_s"))]
     return {"full_round_usd": _mean([spend(h) for h in full]) if full else math.nan,
             "full_round_billed_s": _mean(billed) if billed else math.nan,
-            "capped_rounds": float(len(capped)), "capped_usd": sum(spend(h) for h in capped),
-            "capped_share": sum(spend(h) for h in capped) / total if total > 0 else 0.0}
+            "capped_rounds": float(len(capped)), "capped_usd": capped_usd,
+            "capped_share": capped_usd / total if total > 0 else 0.0}
 
 
 def round_cost_table(runs: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]) -> list[str]:
@@ -280,7 +280,7 @@ def round_cost_table(runs: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]) 
              "share of the spend |", "|---|---|---|---|---|---|"]
     for label, histories in runs.items():
         costs = [round_costs(h) for h in histories]
-        mean = {key: _mean([c[key] for c in costs]) for key in costs[0]} if costs else {}
+        mean = {key: _mean([c[key] for c in costs]) for key in costs[0]}  # a label's group has runs
         lines.append(f"| {label} | {mean['full_round_usd']:.7f} | {mean['full_round_billed_s']:.2f} | "
                      f"{mean['capped_rounds']:.1f} | {mean['capped_usd']:.5f} | {mean['capped_share']:.0%} |")
     return [*lines, ""]

@@ -228,15 +228,13 @@ class CostLedger:
         upper bound, which is what ``cap_by_budget`` needs for its guarantee."""
         if self.max_billed_ms is None:
             raise ValueError("max_actor_cost needs max_billed_ms (the function timeout)")
-        worst = self.invocation_cost(self.max_billed_ms)
-        if self.provisioned_concurrency:
-            worst = max(worst, self.invocation_cost(self.max_billed_ms, provisioned=True))
-        return worst
+        return self.max_functions_cost(self.max_billed_ms, 1)
 
     def max_functions_cost(self, billed_ms: int, invocations: int) -> Decimal:
         """An upper bound of what ``invocations`` billed ``billed_ms`` in all can cost on Lambda:
         the duration at the dearer of the on-demand and (where configured) provisioned rates, plus
-        one request each (Stellaris's learner functions under their allowance)."""
+        one request each (one actor at its timeout; Stellaris's learner functions under their
+        allowance)."""
         rate = self.rate_gb_s
         if self.provisioned_concurrency:
             rate = max(rate, self.rate_provisioned_duration_gb_s)

@@ -109,14 +109,14 @@ def decision_cost(ledger: CostLedger, bound: LearnerBound, elapsed_s: float, inv
     with its provisioned concurrency, the actors' (``CostLedger.max_actors_cost``: each invocation
     at its timeout on Lambda) and the learner functions' allowance."""
     seconds = elapsed_s + bound.reserve_s(invocations, samples, actors)
-    if functions is not None and actors:  # lanes start nothing past the deadline; what runs ends by its timeout
-        seconds += bound.timeout_s
-    cost = ledger.round_fixed_cost(seconds, seconds)
+    functions_cost = Decimal(0)
     if functions is not None and actors:
+        seconds += bound.timeout_s  # lanes start nothing past the deadline; what runs ends by its timeout
         jobs = actors * functions.jobs_per_actor
         invocations -= jobs
-        cost += ledger.max_functions_cost(functions.limit_ms(actors), jobs)
-    return cost + ledger.max_actors_cost(invocations, actors, seconds)
+        functions_cost = ledger.max_functions_cost(functions.limit_ms(actors), jobs)
+    actors_cost = ledger.max_actors_cost(invocations, actors, seconds)
+    return ledger.round_fixed_cost(seconds, seconds) + functions_cost + actors_cost
 
 
 def final_eval_reserve(ledger: CostLedger, bound: LearnerBound, eval_invocations: int) -> Decimal:
