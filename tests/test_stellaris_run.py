@@ -256,9 +256,10 @@ def test_a_budgeted_run_holds_its_learner_functions_to_the_allowance_it_reserved
                                                                                   monkeypatch):
     """With a budget, round 0 reserves every gradient job at its timeout; once a round has been
     billed, each reserves the lanes' timeouts plus twice the billing per job, and no job is lost.
-    In round 2 every invocation is billed 5 s (as a function stuck in a slow start would be): the
-    lanes stop starting invocations once the next one's timeout would not fit, those jobs are lost
-    with the reason, the round and the run go on, and the next round's allowance reads the bills."""
+    In round 2 each invocation runs one job and is billed its whole timeout (as a function stuck
+    past it would be): with two lanes' timeouts plus less than one timeout of margin, a third
+    invocation never fits, so the lanes stop starting them, those jobs are lost with the reason,
+    the round and the run go on, and the next round's allowance reads the bills."""
     from nitro.run.updates import StellarisUpdate
 
     class SlowRound2:
@@ -266,8 +267,10 @@ def test_a_budgeted_run_holds_its_learner_functions_to_the_allowance_it_reserved
             self.backend = backend
 
         def invoke(self, event):
-            summary = self.backend.invoke(event)
-            return summary.model_copy(update={"billed_ms": 5000}) if event.round == 2 else summary
+            if event.round != 2:
+                return self.backend.invoke(event)
+            summary = self.backend.invoke(event.model_copy(update={"jobs": event.jobs[:1]}))
+            return summary.model_copy(update={"billed_ms": 120_000})
 
     original = StellarisUpdate.run_seeded_lane
     monkeypatch.setattr(StellarisUpdate, "run_seeded_lane",
