@@ -9,7 +9,7 @@ import pytest
 
 from nitro.config import ClockConfig, NitroConfig, PriceTable
 from nitro.pricing.cost import CostLedger, ledger_from_config, to_cents
-from nitro.scaling.scalers import cap_by_budget
+from nitro.scaling.budget import largest_affordable
 
 PRICES = PriceTable()  # the paper's defaults: c5.4xlarge $0.68/h, x86 $0.0000166667/GB-s, ...
 
@@ -165,8 +165,9 @@ def test_budget_cap_against_the_ledger():
     fixed = ledger.round_fixed_cost(learner_seconds=36)  # 0.0068
     assert fixed == Decimal("0.0068")
     # 0.0069 - 0.0068 = 0.0001 pays for 5 actors (5 x 0.0000168667 = 0.0000843335), not 6
-    assert cap_by_budget(64, Decimal("0.0069"), per_actor, fixed) == 5
-    assert cap_by_budget(64, Decimal("0.0069"), per_actor, fixed, min_actors=8) == 0  # stop
+    cost = lambda n: fixed + n * per_actor  # noqa: E731
+    assert largest_affordable(64, Decimal("0.0069"), cost) == 5
+    assert largest_affordable(64, Decimal("0.0069"), cost, min_actors=8) == 0  # stop
 
 
 def test_max_actor_cost_bounds_provisioned_invocations_too():

@@ -266,6 +266,19 @@ def test_the_lambda_clock_bills_a_hand_worked_round(redis_url):
     assert m["spend_learner_usd"] == pytest.approx(0.68 * 10.0 / 3600, rel=1e-12)
 
 
+def test_stellaris_counts_a_learner_function_in_flight_at_what_the_ledger_may_bill_it(redis_url):
+    """On Lambda an invocation is billed up to the function's own timeout, which may be longer than
+    the client's wait (``backend.timeout_s``); the allowance counts an invocation in flight at the
+    former, as the ledger and the budget cap do."""
+    training = _training(redis_url, "eng-stellaris-billed-cap", learner={"mode": "stellaris"},
+                         backend={"kind": "lambda", "timeout_s": 120, "lambda": {"function_timeout_s": 300}})
+    assert training.ledger.max_billed_ms == 300_000
+    assert training.mode.functions.timeout_ms == 300_000
+    local = _training(redis_url, "eng-stellaris-billed-cap-local", learner={"mode": "stellaris"},
+                      backend={"timeout_s": 5})
+    assert local.mode.functions.timeout_ms == local.ledger.max_billed_ms == 5_000
+
+
 def test_stellaris_lanes_start_nothing_past_the_budgets_deadline(redis_url):
     """Past the deadline a budget decision set, a lane's invocation is refused before it is marked
     started or reaches the backend (none is given here: reaching it would fail otherwise), so

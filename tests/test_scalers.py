@@ -11,15 +11,13 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from nitro.config import PriceTable, ScalerConfig
 from nitro.pricing.cost import CostLedger
-from nitro.scaling.budget import LearnerBound, decision_cost
+from nitro.scaling.budget import LearnerBound, decision_cost, largest_affordable
 from nitro.scaling.scalers import (
     SCALERS,
     NitroScaler,
     RandomScaler,
     RoundSignal,
     boost_prob_for_mean,
-    cap_by_budget,
-    largest_affordable,
     make_scaler,
 )
 from nitro.stellaris.allowance import FunctionAllowance
@@ -172,21 +170,22 @@ def test_state_dict_round_trip(name):
         make_scaler(ScalerConfig(name="always" if name != "always" else "fixed"), 0).load_state_dict(state)
 
 
-def test_cap_by_budget_rules():
-    assert cap_by_budget(64, None, 1.0, 5.0) == 64  # no budget
-    assert cap_by_budget(64, 10.0, 0.5, 2.0) == 16  # (10-2)/0.5
-    assert cap_by_budget(64, 10.0, 0.5, 2.0, min_actors=8) == 16
-    assert cap_by_budget(64, 5.0, 0.5, 2.0, min_actors=8) == 0  # 6 fit, fewer than 8: stop
-    assert cap_by_budget(64, 5.0, 0.5, 2.0) == 6  # launch fewer
-    assert cap_by_budget(4, 5.0, 0.5, 2.0, min_actors=8) == 4  # the scaler asked for fewer than 8
-    assert cap_by_budget(64, 1.0, 0.5, 2.0) == 0  # cannot even pay the learner
-    assert cap_by_budget(64, 0.3, 0.1, 0.0) == 3  # exact decimals: 0.3/0.1 is 3, not 2.9999
-    assert cap_by_budget(64, 10.0, 0, 2.0) == 64
-    assert cap_by_budget(0, 10.0, 1.0, 0.0) == 0
-    with pytest.raises(ValueError):
-        cap_by_budget(8, 10.0, -1.0, 0.0)
-    with pytest.raises(ValueError):
-        cap_by_budget(8, NAN, 1.0, 0.0)
+def test_largest_affordable_rules():
+    def linear(per_actor: str, fixed: str):  # the round's fixed cost plus n actors, in exact decimals
+        return lambda n: Decimal(fixed) + n * Decimal(per_actor)
+
+    assert largest_affordable(64, None, linear("1", "5")) == 64  # no budget
+    assert largest_affordable(64, 10.0, linear("0.5", "2")) == 16  # (10-2)/0.5
+    assert largest_affordable(64, 10.0, linear("0.5", "2"), min_actors=8) == 16
+    assert largest_affordable(64, 5.0, linear("0.5", "2"), min_actors=8) == 0  # 6 fit, fewer than 8: stop
+    assert largest_affordable(64, 5.0, linear("0.5", "2")) == 6  # launch fewer
+    assert largest_affordable(4, 5.0, linear("0.5", "2"), min_actors=8) == 4  # the scaler asked for fewer than 8
+    assert largest_affordable(64, 1.0, linear("0.5", "2")) == 0  # cannot even pay the learner
+    assert largest_affordable(64, 0.3, linear("0.1", "0")) == 3  # exact decimals: 0.3/0.1 is 3, not 2.9999
+    assert largest_affordable(64, 10.0, linear("0", "2")) == 64
+    assert largest_affordable(0, 10.0, linear("1", "0")) == 0
+    with pytest.raises(ValueError, match="not a finite amount"):
+        largest_affordable(8, NAN, linear("1", "0"))
 
 
 money = st.decimals(min_value=Decimal("0"), max_value=Decimal("0.0001"), places=10)

@@ -105,10 +105,12 @@ class TrainingRun:
         self.decided_at: float | None = None  # a budget run's last decision (time.perf_counter)
         self.scaler = make_scaler(config.scaler, seed=config.seed, steps_per_actor=config.steps_per_actor,
                                   run=config)
+        self.ledger = ledger_from_config(config)
+        if self.ledger.max_billed_ms is None:
+            raise ValueError("the run's ledger needs the actors' timeout (backend.timeout_s) to bound a round's cost")
         self.mode = make_update_mode(config, self.learner, cache, self.run_dir, self.behaviour, self.bounds,
                                      self.deadline, actor_cache_url, self.actor_credentials,
-                                     lr_gain=self.scaler.step_gain)
-        self.ledger = ledger_from_config(config)
+                                     lr_gain=self.scaler.step_gain, max_billed_ms=self.ledger.max_billed_ms)
         self.next_round = 0
         self.env_steps_total = 0
         self.open_episodes: list[str] = []  # snapshots of the last round's unfinished episodes (cache keys)
@@ -118,8 +120,6 @@ class TrainingRun:
         self.clock = make_round_clock(config.clock, self.ledger.vm, self.ledger.provisioned_concurrency)
         if self.clock.projected:  # on the projected clock the invocations all run at once
             parallel = 2**31
-        if self.ledger.max_billed_ms is None:
-            raise ValueError("the run's ledger needs the actors' timeout (backend.timeout_s) to bound a round's cost")
         self.bound = LearnerBound(parallel=parallel, timeout_s=self.ledger.max_billed_ms / 1000,
                                   startup_s=self.clock.startup_s, capacity=self.clock.capacity)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -251,12 +250,13 @@ class StellarisUpdate:
 
     def __init__(self, config: NitroConfig, learner: PPOLearner, cache: TrajectoryCache, run_dir: RunDir,
                  behaviour: BehaviourPolicies, bounds: Bounds, deadline: UpdateDeadline, actor_cache_url: str,
-                 actor_credentials: dict[str, str]):
+                 actor_credentials: dict[str, str], max_billed_ms: int):
         self.config, self.cache, self.run_dir, self.deadline = config, cache, run_dir, deadline
         self.actor_cache_url, self.actor_credentials = actor_cache_url, actor_credentials
         self.learning = StellarisLearning(config, learner, cache, run_dir.run_id, behaviour, bounds)
-        self.functions = FunctionAllowance(math.ceil(config.backend.timeout_s * 1000), self.learning.jobs_per_actor(),
-                                           config.learner.functions_for)
+        # The ledger's cap on one invocation's bill: on Lambda the function's own timeout, which
+        # may exceed the client's wait (backend.timeout_s); an invocation in flight may cost that much.
+        self.functions = FunctionAllowance(max_billed_ms, self.learning.jobs_per_actor(), config.learner.functions_for)
         self.pending: list[str] = []
 
     def plan(self, k: int, events: list[ActorEvent], weights_key: str) -> GradientPlan:
@@ -384,15 +384,18 @@ class StellarisUpdate:
 
 def make_update_mode(config: NitroConfig, learner: Learner, cache: TrajectoryCache, run_dir: RunDir,
                      behaviour: BehaviourPolicies, bounds: Bounds, deadline: UpdateDeadline, actor_cache_url: str,
-                     actor_credentials: dict[str, str], lr_gain: Callable[[int], float] = lambda n_batches: 1.0,
+                     actor_credentials: dict[str, str], *, max_billed_ms: int,
+                     lr_gain: Callable[[int], float] = lambda n_batches: 1.0,
                      ) -> SyncUpdate | LearnWhileActing | StellarisUpdate:
     """The mode ``config.update_mode`` names, over the run's learner and cache; ``lr_gain``: the
-    factor on a sync update's learning rate, by its batches (the scaler's ``step_gain``)."""
+    factor on a sync update's learning rate, by its batches (the scaler's ``step_gain``);
+    ``max_billed_ms``: the ledger's cap on one invocation's bill, which Stellaris's allowance counts
+    an invocation in flight at."""
     if config.update_mode == "stellaris":
         if not isinstance(learner, PPOLearner):
             raise TypeError(f"learner.mode=stellaris computes PPO gradients, not {type(learner).__name__}'s")
         return StellarisUpdate(config, learner, cache, run_dir, behaviour, bounds, deadline, actor_cache_url,
-                               actor_credentials)
+                               actor_credentials, max_billed_ms)
     door = Door(config, learner, behaviour, bounds)
     if config.update_mode == "learn-while-acting":
         if not isinstance(learner, OffPolicyLearner):

@@ -38,7 +38,6 @@ from decimal import Decimal
 from typing import Protocol
 
 from nitro.pricing.cost import CostLedger
-from nitro.scaling.scalers import largest_affordable
 
 TAIL_S = 2.0  # publishing the weights, planning the invocations and closing the round
 ALLOWANCE_BASE_S = 5.0  # the next round's fixed work before its decision (connections, detection)
@@ -125,6 +124,40 @@ def final_eval_reserve(ledger: CostLedger, bound: LearnerBound, eval_invocations
     if eval_invocations <= 0:
         return Decimal(0)
     return decision_cost(ledger, bound, 0.0, eval_invocations, 0)
+
+
+def largest_affordable(
+    wanted: int,
+    remaining_usd: float | Decimal | None,
+    cost_of: Callable[[int], Decimal],
+    min_actors: int = 1,
+) -> int:
+    """The most actors, at most ``wanted``, for which ``cost_of(n)`` (an upper bound of what the
+    round and what follows it until the next decision can cost with n actors; non-decreasing in
+    n) fits in ``remaining_usd``; 0 (stop the run) if fewer than ``min(min_actors, wanted)``
+    fit. ``remaining_usd=None`` means no budget."""
+    wanted = max(0, int(wanted))
+    if remaining_usd is None:
+        return wanted
+    remaining = _dec(remaining_usd)
+    need = min(max(1, int(min_actors)), wanted)  # a scaler asking for fewer than min_actors gets them
+    if wanted == 0 or cost_of(need) > remaining:
+        return 0
+    lo, hi = need, wanted  # invariant: cost_of(lo) fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if cost_of(mid) <= remaining:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _dec(x: float | Decimal | int) -> Decimal:
+    d = x if isinstance(x, Decimal) else Decimal(str(x))
+    if not d.is_finite():
+        raise ValueError(f"not a finite amount: {x!r}")
+    return d
 
 
 @dataclass(frozen=True)

@@ -41,15 +41,13 @@ window is left unchanged: a bad value never enters it); a window whose max equal
   p = ``cfg.random_boost_prob``. The draw for round k comes from a generator seeded with
   (seed, k), so it is reproducible and a resumed or retried round draws the same value.
 
-The budget cap (:func:`cap_by_budget`) is applied after the scaler by the engine.
+The budget cap (``nitro.scaling.budget.cap_by_budget``) is applied after the scaler by the engine.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
-from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -283,63 +281,3 @@ def make_scaler(cfg: ScalerConfig, seed: int, *, steps_per_actor: int = 512, run
         return GoodputScaler(cfg, seed, steps_per_actor=steps_per_actor, prior=price_prior(run),
                              minibatches=lambda n: minibatch_count(n, ppo.minibatch_size, ppo.minibatches))
     return cls(cfg, seed)
-
-
-def cap_by_budget(
-    n_actors: int,
-    remaining_usd: float | Decimal | None,
-    cost_per_actor_usd: float | Decimal,
-    round_fixed_cost_usd: float | Decimal = 0,
-    min_actors: int = 1,
-) -> int:
-    """The most actors, at most ``n_actors``, whose cost plus the round's fixed cost fits in the
-    remaining budget: largest n with ``fixed + n * per_actor <= remaining`` (exact decimal
-    arithmetic). Fewer are launched when the budget is short; if fewer than
-    ``min(min_actors, n_actors)`` fit, the answer is 0, which means: stop the run (the engine's
-    clean stop). ``min_actors=1`` (default): launch fewer down to one; pass ``cfg.i_min`` to stop
-    instead of going below I_min. ``round_fixed_cost_usd`` must cover the learner's time for
-    the round *and* for updating on its data, since that is spent after the actors return. ``remaining_usd=None``
-    means no budget. The guarantee that the ledger never exceeds the budget holds when the two
-    costs passed are upper bounds of what the round will actually be charged (see
-    ``CostLedger.max_actor_cost`` and docs there)."""
-    if remaining_usd is None:
-        return max(0, int(n_actors))
-    per_actor = _dec(cost_per_actor_usd)
-    fixed = _dec(round_fixed_cost_usd)
-    if per_actor < 0 or fixed < 0:
-        raise ValueError("costs must be non-negative")
-    return largest_affordable(n_actors, remaining_usd, lambda n: fixed + n * per_actor, min_actors)
-
-
-def largest_affordable(
-    wanted: int,
-    remaining_usd: float | Decimal | None,
-    cost_of: Callable[[int], Decimal],
-    min_actors: int = 1,
-) -> int:
-    """The most actors, at most ``wanted``, for which ``cost_of(n)`` (an upper bound of what the
-    round and what follows it until the next decision can cost with n actors; non-decreasing in
-    n) fits in ``remaining_usd``; 0 (stop the run) if fewer than ``min(min_actors, wanted)``
-    fit. ``remaining_usd=None`` means no budget."""
-    wanted = max(0, int(wanted))
-    if remaining_usd is None:
-        return wanted
-    remaining = _dec(remaining_usd)
-    need = min(max(1, int(min_actors)), wanted)  # a scaler asking for fewer than min_actors gets them
-    if wanted == 0 or cost_of(need) > remaining:
-        return 0
-    lo, hi = need, wanted  # invariant: cost_of(lo) fits
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if cost_of(mid) <= remaining:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _dec(x: float | Decimal | int) -> Decimal:
-    d = x if isinstance(x, Decimal) else Decimal(str(x))
-    if not d.is_finite():
-        raise ValueError(f"not a finite amount: {x!r}")
-    return d
