@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Protocol
 
-from nitro.pricing.cost import CostLedger
+from nitro.pricing.cost import CostLedger, D
 
 TAIL_S = 2.0  # publishing the weights, planning the invocations and closing the round
 ALLOWANCE_BASE_S = 5.0  # the next round's fixed work before its decision (connections, detection)
@@ -139,7 +139,7 @@ def largest_affordable(
     wanted = max(0, int(wanted))
     if remaining_usd is None:
         return wanted
-    remaining = _dec(remaining_usd)
+    remaining = D(remaining_usd)
     need = min(max(1, int(min_actors)), wanted)  # a scaler asking for fewer than min_actors gets them
     if wanted == 0 or cost_of(need) > remaining:
         return 0
@@ -151,13 +151,6 @@ def largest_affordable(
         else:
             hi = mid - 1
     return lo
-
-
-def _dec(x: float | Decimal | int) -> Decimal:
-    d = x if isinstance(x, Decimal) else Decimal(str(x))
-    if not d.is_finite():
-        raise ValueError(f"not a finite amount: {x!r}")
-    return d
 
 
 @dataclass(frozen=True)
