@@ -60,7 +60,8 @@ def report_parser():
     p = argparse.ArgumentParser(
         prog="nitro experiment report",
         description="Rewrite a finished report's rliable statistics (per task and scaler IQM, mean and P(> "
-                    "reference) of the late and final return; across tasks on normalised scores; "
+                    "reference) of the late return, the area under return vs spend and the final return, and each "
+                    "arm against the best of the spec's grid; across tasks on normalised scores; "
                     "performance-profile.png) from the report's own results.json, runs.csv and rounds file, "
                     "with no MLflow store. Only the README's statistics blocks, results.json's `statistics` "
                     "and the profile change.")
@@ -74,8 +75,8 @@ def report_parser():
 def cmd_experiment_report(args) -> int:
     """Rebuild each DIR's statistics; print the across-tasks table and the files written. Exit 2
     (ExperimentError, one line) at the first DIR whose files lack what the statistics need."""
-    from nitro.experiments.aggregate import format_across_table
     from nitro.experiments.restats import rebuild_statistics
+    from nitro.experiments.scores import format_across_table
 
     for report_dir in args.report_dir:
         rebuilt = rebuild_statistics(report_dir, reps=args.reps, profile_reps=args.profile_reps)

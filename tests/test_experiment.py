@@ -65,6 +65,9 @@ def _spec(**over) -> dict:
         ({"sensitivity": {"sweep": {"scaler.decay": [1.5]}}}, "scaler.decay"),
         ({"extra_key": 1}, "extra_key"),
         ({"thresholds": {"Walker2d-v5": 300.0}}, "thresholds: Walker2d-v5 not in matrix.env"),
+        ({"best_of": ["fixed", "fixed-8"]}, "best_of: fixed-8 not in matrix.scaler"),
+        ({"best_of": ["fixed"]}, "best_of: give two or more distinct matrix entries"),
+        ({"best_of": ["fixed", "fixed"]}, "best_of: give two or more distinct matrix entries"),
     ],
 )
 def test_bad_spec_is_one_clear_line(change, needle):
@@ -549,6 +552,9 @@ def test_a_shuffled_control_replays_its_partners_counts_through_the_flow(prefect
     played = {name.split("-")[4]: sorted(int(h["actors_launched"]) for h in hs) for name, hs in rounds.items()}
     assert played["shuffled"] == played["goodput"] and len(played["goodput"]) == 2  # the replay plays its counts
     assert 2 in played["goodput"]  # round 0 makes no update: goodput, unmeasured, keeps I_min
+    # goodput's reading of its rounds is kept with them (the replay has none)
+    decided = {name.split("-")[4]: any("goodput/best_actors" in h for h in hs) for name, hs in rounds.items()}
+    assert decided == {"goodput": True, "shuffled": False}
     notes = json.loads((out_dir / "results.json").read_text())["notes"]
     assert "replays the 2 actor counts of Hopper-v5/ppo/goodput/seed=0" in notes["Hopper-v5/ppo/shuffled/seed=0"]
     client = MlflowClient(tracking_uri=uri)

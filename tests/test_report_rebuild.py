@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from nitro.experiments.aggregate import BLOCK_BEGIN, PROFILE_FILE
 from nitro.experiments.restats import _BLOCK
+from nitro.experiments.scores import BLOCK_BEGIN, PROFILE_FILE
 
 TASKS = {"Hopper-v5": 10.0, "Walker2d-v5": 20.0}  # env -> its round-0 evaluation
 FINAL = {"fixed": 100.0, "good": 200.0}  # seed s ends at FINAL + 10 s (Walker2d: + 1000 more)
@@ -44,29 +44,29 @@ Walker2d has no figure here; its statistics go at the end of its section.
 """
 
 
-def _report(tmp_path: Path) -> Path:
+def _report(tmp_path: Path, arms: dict[str, float] = FINAL, spec_extra: dict | None = None) -> Path:
     """2 tasks x 2 arms x 3 seeds. runs.csv predates late_return and start_return, so both come from
     the rounds: round 0 evaluates at the task's start, rounds 1-5 at final - 40, -30, ..., 0, so a
-    run's late return (its last 5 evaluations) is its final return - 20."""
+    run's late return (its last 5 evaluations) is its final return - 20. Round r has spent $0.01 (r + 1)."""
     out = tmp_path / "tiny"
     out.mkdir()
     runs, rounds = [], []
     for env, start in TASKS.items():
-        for label, base in FINAL.items():
+        for label, base in arms.items():
             for seed in range(3):
                 name = f"tiny-{env}-{label}-s{seed}"
                 final = base + 10 * seed + (1000 if env == "Walker2d-v5" else 0)
                 runs.append({"run_name": name, "label": label, "env": env, "algo": "ppo", "seed": seed,
                              "final_return": final, "status": "FINISHED"})
-                rounds += [{"run_name": name, "round": r, "eval_return_mean": start if r == 0 else final - 10 * (5 - r)}
-                           for r in range(6)]
+                rounds += [{"run_name": name, "round": r, "eval_return_mean": start if r == 0 else final - 10 * (5 - r),
+                            "spend_total_usd": 0.01 * (r + 1)} for r in range(6)]
     for path, rows in ((out / "runs.csv", runs), (out / "rounds.csv", rounds)):
         with path.open("w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-    spec = {"name": "tiny", "reference": "fixed",
-            "matrix": {"env": list(TASKS), "algo": ["ppo"], "scaler": list(FINAL), "seed": [0, 1, 2]}}
+    spec = {"name": "tiny", "reference": "fixed", **(spec_extra or {}),
+            "matrix": {"env": list(TASKS), "algo": ["ppo"], "scaler": list(arms), "seed": [0, 1, 2]}}
     (out / "results.json").write_text(json.dumps({"experiment": "tiny", "spec": spec, "summary": [], "ratios": [],
                                                   "configs": {}, "runs": runs, "notes": {}}, indent=1))
     (out / "README.md").write_text(README)
@@ -108,13 +108,39 @@ def test_report_rebuilds_the_statistics_and_keeps_the_hand_written_text(tmp_path
     assert {p: p.read_bytes() for p in files} == files
 
 
+def test_a_budget_report_gains_the_area_under_return_vs_spend_and_the_best_of_its_grid(tmp_path):
+    """A budget experiment whose spec names a grid: each run's area under return vs spend comes from
+    its rounds, and each arm outside the grid is divided by the grid's best, seed by seed."""
+    arms = {"fixed": 100.0, "fixed-2": 150.0, "good": 200.0}
+    out = _report(tmp_path, arms, {"compare": "budget", "budget_usd": 0.06, "best_of": ["fixed", "fixed-2"]})
+    assert main(["experiment", "report", str(out), "--reps", "500", "--profile-reps", "100"]) == 0
+    readme = (out / "README.md").read_text()
+    assert "area under return vs spend: IQM (95% CI)" in readme
+    assert "Against the best of the grid (`fixed`, `fixed-2`)" in readme
+    # Hopper, late return: fixed-2 is the best of the grid (130, 140, 150), good makes 180, 190, 200
+    assert "| good | late return | `fixed-2` (140.0) | 3 | 1.36 (" in readme and "| 1.38, 1.36, 1.33 |" in readme
+    stats = json.loads((out / "results.json").read_text())["statistics"]
+    area = next(s for s in stats["per_task"] if (s["env"], s["label"]) == ("Hopper-v5", "good"))["return_area"]
+    # good, seed 0 on Hopper: evaluations 10 (at $0.01), 160, 170, 180, 190, 200 (at $0.06, the budget):
+    # 10 x 0.01 + 0.01 x (85 + 165 + 175 + 185 + 195) = 8.15, over $0.06. Each seed's evaluations after
+    # round 0 stand 10 above the seed before's, adding 0.01 x 4.5 x 10 / 0.06 = 7.5: the mean is seed 1's
+    assert area["mean"]["value"] == pytest.approx(8.15 / 0.06 + 7.5)
+    assert {(r["env"], r["label"], r["metric"]) for r in stats["best_of"]} == {
+        (env, "good", m) for env in TASKS for m in ("late_return", "return_area", "final_return")}
+    assert [agg["metric"] for agg in stats["across_tasks"]] == ["late_return", "return_area", "final_return"]
+
+
 @pytest.mark.parametrize("drop, missing", [
     ({"runs": "final_return"}, "runs.csv lacks final_return"),
     ({"rounds": "eval_return_mean"},
      "runs.csv lacks late_return, start_return and rounds.csv has no eval_return_mean to derive them from"),
+    ({"rounds": "spend_total_usd", "budget": 0.06},
+     "runs.csv lacks late_return, start_return, return_area and rounds.csv has no spend_total_usd to derive "
+     "return_area from"),
 ])
 def test_a_report_without_the_columns_gets_one_line_naming_them(tmp_path, capsys, drop, missing):
-    out = _report(tmp_path)
+    budget = drop.pop("budget", None)
+    out = _report(tmp_path, spec_extra={"compare": "budget", "budget_usd": budget} if budget else None)
     for name, column in drop.items():
         path = out / f"{name}.csv"
         with path.open(newline="") as fh:

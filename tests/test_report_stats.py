@@ -1,6 +1,7 @@
 """The report's statistics through rliable (issue 48 item 6): IQM and mean with stratified-bootstrap
 CIs, the probability of improvement, performance profiles, and what the experiment report writes
-from them; the ratio of means with arch's bootstrap."""
+from them; the ratio of means with arch's bootstrap, paired or not; the area under return vs
+spend; each arm against the best of a grid."""
 
 from __future__ import annotations
 
@@ -9,20 +10,19 @@ import math
 import numpy as np
 import pytest
 
-from nitro.experiments.aggregate import (
+from nitro.experiments.aggregate import improvement_probability, interval, iqm, mean
+from nitro.experiments.scores import (
     PROFILE_FILE,
     across_section,
     across_tasks,
+    best_of_grid,
     format_task_table,
-    improvement_probability,
-    interval,
-    iqm,
-    mean,
     normalisation,
     start_return,
+    task_block,
     task_statistics,
 )
-from nitro.experiments.stats import ratio_ci
+from nitro.experiments.stats import paired_ratio_ci, ratio_ci, return_spend_area
 
 REPS = 2_000  # enough resamples for the checks below; the report's default is BOOTSTRAP_REPS
 
@@ -98,6 +98,73 @@ def test_ratio_ci_from_arch_by_hand():
     assert ratio_ci([1.0, 1.0, 4.0], [2.0, 2.0, 2.0]) == {"ratio": 1.0, "lo": 0.5, "hi": 2.0}
     r = ratio_ci([80.0, 100.0, 100.0, 120.0], [50.0, 60.0, 40.0])
     assert r["lo"] < r["ratio"] == 2.0 < r["hi"] and ratio_ci([80.0, 100.0, 100.0, 120.0], [50.0, 60.0, 40.0]) == r
+
+
+def test_paired_ratio_ci_resamples_the_seeds_as_pairs():
+    # each seed's pair is alike, though the seeds differ: every paired resample has the ratio 1, where
+    # resampling the arms on their own (ratio_ci) draws 1 over 3 and 3 over 1
+    assert paired_ratio_ci([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == {"ratio": 1.0, "lo": 1.0, "hi": 1.0}
+    unpaired = ratio_ci([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    assert unpaired["lo"] < 0.7 and unpaired["hi"] > 1.4
+    # over a constant: the resampled means of {1, 1, 4} are 1, 2, 3 or 4 (8/27, 12/27, 6/27, 1/27)
+    assert paired_ratio_ci([1.0, 1.0, 4.0], [1.0, 1.0, 1.0]) == {"ratio": 2.0, "lo": 1.0, "hi": 4.0}
+    nan_bounds = paired_ratio_ci([2.0, 4.0], [1.0, 1.0])
+    assert nan_bounds["ratio"] == 3.0 and math.isnan(nan_bounds["lo"]) and math.isnan(nan_bounds["hi"])
+    for a, b in (([1.0, 2.0], [1.0]), ([], []), ([1.0, 2.0, 3.0], [-1.0, 0.0, 1.0]), ([1.0, math.nan], [1.0, 1.0])):
+        assert all(math.isnan(v) for v in paired_ratio_ci(a, b).values()), (a, b)
+
+
+def test_return_spend_area_by_hand():
+    nan = math.nan
+    # evaluations of 10 at $0.01 (round 0: the initialised policy) and 30 at $0.03, none in between;
+    # budget $0.05: 10 x 0.01 from $0, the trapezoid (0.03 - 0.01) x (10 + 30) / 2, then 30 x 0.02 to
+    # the budget: (0.1 + 0.4 + 0.6) / 0.05 = 22
+    history = [{"round": 2, "eval_return_mean": 30.0, "spend_total_usd": 0.03},
+               {"round": 0, "eval_return_mean": 10.0, "spend_total_usd": 0.01},
+               {"round": 1, "eval_return_mean": nan, "spend_total_usd": 0.02}, {"round": 3}]
+    assert return_spend_area(history, 0.05) == pytest.approx(22.0)
+    # a run that spent past its budget is integrated to its last spend: (0.1 + 0.4) / 0.03
+    assert return_spend_area(history, 0.02) == pytest.approx(0.5 / 0.03)
+    flat = [{"round": 0, "eval_return_mean": 7.0, "spend_total_usd": 0.02}]
+    assert return_spend_area(flat, 0.05) == pytest.approx(7.0)  # one policy all along: its return
+    assert math.isnan(return_spend_area([{"round": 0, "spend_total_usd": 0.01}], 0.05))
+
+
+def test_best_of_grid_by_hand():
+    """The grid g8, g16; arms cand (4 seeds) and half (seeds 0-1). On the late return g8 is best
+    (mean 200 against 150), on the final return g16 (300 against 100)."""
+    rows = []
+    for label, late, final in (("g8", [190.0, 200.0, 210.0, 200.0], [100.0] * 4),
+                               ("g16", [150.0] * 4, [300.0] * 4),
+                               ("cand", [380.0, 200.0, 210.0, 100.0], [150.0, 300.0, 450.0, 300.0]),
+                               ("half", [100.0, 100.0, math.nan, math.nan], [600.0, 600.0, math.nan, math.nan])):
+        for seed in range(4):
+            rows.append({"env": "E", "algo": "ppo", "label": label, "seed": seed, "status": "FINISHED",
+                         "late_return": late[seed], "final_return": final[seed]})
+    out = best_of_grid(rows, "E", "ppo", ["g8", "g16", "cand", "half"], ["g8", "g16"], reps=REPS)
+    by = {(r["label"], r["metric"]): r for r in out}
+    assert set(by) == {("cand", "late_return"), ("cand", "final_return"), ("half", "late_return"),
+                       ("half", "final_return")}  # the grid is not compared with its own best
+    late = by[("cand", "late_return")]
+    assert late["best"] == "g8" and late["best_mean"] == 200.0 and late["seeds"] == [0, 1, 2, 3]
+    assert late["per_seed"] == pytest.approx([2.0, 1.0, 1.0, 0.5])
+    assert late["ratio"]["ratio"] == pytest.approx(890 / 800) and late["ratio"]["lo"] < 1 < late["ratio"]["hi"]
+    # of g8's 4 seeds, 380 beats 4, 200 beats 1 and ties 2, 210 beats 3 and ties 1, 100 none (a tie: half)
+    assert late["improvement"]["value"] == pytest.approx((4 + 2 + 3.5 + 0) / 16)
+    final = by[("cand", "final_return")]
+    assert final["best"] == "g16" and final["ratio"]["ratio"] == pytest.approx(1200 / 1200)
+    half = by[("half", "final_return")]
+    assert half["seeds"] == [0, 1] and half["ratio"]["ratio"] == 2.0 and math.isnan(half["ratio"]["lo"])
+    # the task's block: the per-arm table, then this one
+    stats = task_statistics(rows, "E", "ppo", ["g8", "g16", "cand", "half"], "g16", reps=200)
+    block = "\n".join(task_block("E", "ppo", stats, "g16", 5, 200, against=out, grid=["g8", "g16"]))
+    assert "Against the best of the grid (`g8`, `g16`)" in block
+    assert "| cand | late return | `g8` (200.0) | 4 | 1.11 (" in block and "| 2.00, 1.00, 1.00, 0.50 |" in block
+    assert "| half | final return | `g16` (300.0) | 2 | 2.00 (no CI: under 3 seeds) | 2.00, 2.00 | " in block
+    assert "area under return vs spend" not in format_task_table(stats, "g16")  # no row has it
+    with_area = [{**r, "return_area": r["late_return"] / 2} for r in rows]
+    assert "area under return vs spend: IQM (95% CI)" in format_task_table(
+        task_statistics(with_area, "E", "ppo", ["g8", "cand"], "g8", reps=200), "g8")
 
 
 def test_start_return_is_the_round_0_evaluation():

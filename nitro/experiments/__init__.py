@@ -17,6 +17,8 @@ The spec (YAML)
     compare: budget                  # budget: every cell gets budget_usd (rounds: max_rounds cap)
     budget_usd: 0.05                 # rounds: every cell runs `rounds` rounds, no budget
     max_rounds: 200
+    reference: fixed                 # the entry the report's ratio tables divide by (default fixed)
+    best_of: [fixed-8, fixed-16]     # optional: a grid; per task its best entry is the bar, seed by seed
     sensitivity:                     # optional; run with --sensitivity (paper §8.4)
       scaler: nitro
       seeds: [0, 1, 2]               # default: the matrix's seeds

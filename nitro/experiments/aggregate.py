@@ -12,19 +12,15 @@ A score matrix is (runs, tasks): seeds are the runs, the report's (env, algo) pa
   resamples each arm's runs on their own within each task (``StratifiedIndependentBootstrap``).
 - ``performance_profiles``: per threshold tau, the fraction of all runs scoring above tau, with
   stratified-bootstrap 95% bands; ``plot_performance_profiles`` draws them with rliable's plotter.
-- ``task_statistics``, ``across_tasks`` and ``across_section``: what the experiment report shows per
-  task and arm and across tasks, for the late return (the mean of a run's last evaluations) and the
-  final one.
+- ``format_estimate``: an estimate and its interval as the reports print them.
+
+What an experiment's report shows of its arms' scores, per task and across tasks, is
+``nitro.experiments.scores``.
 
 The IQM, mean and P(X > Y) point estimates are rliable's own functions, and so are the bootstraps.
 Inside the bootstraps' loops (and for the profile's curve) numpy twins of those statistics and of
 its score distribution stand in for its scipy and per-threshold calls, which cost ten to fifty
 times as much per resample; tests/test_report_stats.py checks that the twins give the same numbers.
-
-Scores across tasks are on different scales, so the cross-task aggregates and the profile use
-normalised scores (``normalisation``): 0 is where training started (the task's round-0
-evaluation, the initialised policy, before any update) and 1 the best arm's mean on that task.
-Per task, the raw returns are reported: there one scale serves every arm.
 """
 
 from __future__ import annotations
@@ -32,12 +28,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from nitro.experiments.stats import finite
 
 CONFIDENCE = 0.95
 # Resamples per interval. rliable's own default is 50,000 for interval estimates; 5,000 puts a 95%
@@ -223,226 +221,10 @@ def plot_performance_profiles(panels: Mapping[str, Mapping[str, Any]], path: str
     return path
 
 
-# -- what the experiment report shows ---------------------------------------------------------------
-
-METRICS: tuple[tuple[str, str], ...] = (("late_return", "late return"), ("final_return", "final return"))
-PROFILE_FILE = "performance-profile.png"
-
-
-def _finite(v: Any) -> bool:
-    try:
-        return v is not None and math.isfinite(float(v))
-    except (TypeError, ValueError):
-        return False
-
-
-def start_return(history: Sequence[Mapping[str, Any]]) -> float:
-    """The run's round-0 evaluation return: its initialised policy, before any update (every arm
-    of a seed starts from the same weights); NaN where round 0 did not evaluate."""
-    for h in history:
-        if int(h["round"]) == 0 and _finite(h.get("eval_return_mean")):
-            return float(h["eval_return_mean"])
-    return math.nan
-
-
-def _by_seed(rows: Sequence[Mapping[str, Any]], env: str, algo: str, label: str, metric: str) -> dict[int, float]:
-    """{seed: score} of the arm's finished runs on the task that have the metric."""
-    return {int(r["seed"]): float(r[metric]) for r in rows
-            if (r["env"], r["algo"], r["label"]) == (env, algo, label) and r.get("status", "FINISHED") == "FINISHED"
-            and _finite(r.get(metric))}
-
-
-def _vector(scores: Mapping[int, float]) -> np.ndarray:
-    return np.array([scores[s] for s in sorted(scores)], dtype=float)
-
-
-def task_statistics(rows: Sequence[Mapping[str, Any]], env: str, algo: str, labels: Sequence[str], reference: str,
-                    *, reps: int = BOOTSTRAP_REPS, seed: int = BOOTSTRAP_SEED) -> list[dict[str, Any]]:
-    """Per arm with finished runs on the task, for the late and the final return: the IQM and the
-    mean over seeds of the raw returns, and P(arm > ``reference``), each with its 95% CI."""
-    out = []
-    ref = {m: _by_seed(rows, env, algo, reference, m) for m, _ in METRICS}
-    for label in labels:
-        entry: dict[str, Any] = {"env": env, "algo": algo, "label": label}
-        for metric, _ in METRICS:
-            scores = _by_seed(rows, env, algo, label, metric)
-            if not scores:
-                continue
-            x = _vector(scores)
-            entry[metric] = {
-                "seeds": len(x),
-                "IQM": interval(x, "IQM", reps=reps, seed=seed).as_dict(),
-                "mean": interval(x, "mean", reps=reps, seed=seed).as_dict(),
-                "improvement": (improvement_probability(x, _vector(ref[metric]), reps=reps, seed=seed).as_dict()
-                                if ref[metric] and label != reference else None),
-            }
-        if any(m in entry for m, _ in METRICS):
-            out.append(entry)
-    return out
-
-
-def normalisation(rows: Sequence[Mapping[str, Any]], env: str, algo: str, labels: Sequence[str],
-                  metric: str) -> dict[str, Any]:
-    """The task's constants for (score - start) / (best - start): ``start`` the mean of its runs'
-    round-0 evaluations, ``best`` the highest arm mean of ``metric``; or ``reason`` why the task
-    cannot be normalised (no round-0 evaluation, or no arm's mean above the start)."""
-    task = [r for r in rows if (r["env"], r["algo"]) == (env, algo)]
-    starts = [float(r["start_return"]) for r in task if _finite(r.get("start_return"))]
-    means = {lab: float(np.mean(list(s.values()))) for lab in labels
-             if (s := _by_seed(rows, env, algo, lab, metric))}
-    if not starts or not means:
-        return {"reason": "no round-0 evaluation" if means else "no finished run"}
-    start = float(np.mean(starts))
-    best_label = max(means, key=lambda lab: means[lab])
-    if means[best_label] <= start:
-        return {"start": start, "reason": f"no arm's mean above the start, {start:.1f}"}
-    return {"start": start, "best": means[best_label], "best_label": best_label}
-
-
-def across_tasks(rows: Sequence[Mapping[str, Any]], tasks: Sequence[tuple[str, str]], labels: Sequence[str],
-                 reference: str, metric: str, *, reps: int = BOOTSTRAP_REPS,
-                 seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
-    """The normalised scores of ``metric`` over the tasks that can be normalised: per arm, the
-    (seeds, tasks) matrix of the seeds it finished on every such task, its IQM and mean with
-    stratified-bootstrap CIs, and P(arm > ``reference``) averaged over the tasks."""
-    norms = {t: normalisation(rows, *t, labels, metric) for t in tasks}
-    used = [t for t in tasks if "reason" not in norms[t]]
-    matrices: dict[str, np.ndarray] = {}
-    for label in labels:
-        per_task = [_by_seed(rows, *t, label, metric) for t in used]
-        seeds = sorted(set(per_task[0]).intersection(*per_task[1:])) if per_task else []
-        if seeds:
-            matrices[label] = np.array([[(s[k] - norms[t]["start"]) / (norms[t]["best"] - norms[t]["start"])
-                                         for t, s in zip(used, per_task)] for k in seeds], dtype=float)
-    arms = []
-    for label, x in matrices.items():
-        ref = matrices.get(reference)
-        arms.append({"label": label, "seeds": x.shape[0],
-                     "IQM": interval(x, "IQM", reps=reps, seed=seed).as_dict(),
-                     "mean": interval(x, "mean", reps=reps, seed=seed).as_dict(),
-                     "improvement": (improvement_probability(x, ref, reps=reps, seed=seed).as_dict()
-                                     if ref is not None and label != reference else None)})
-    return {"metric": metric, "tasks": [task_name(env, algo) for env, algo in used],
-            "normalisation": {task_name(env, algo): norms[(env, algo)] for env, algo in tasks},
-            "arms": arms, "scores": {label: x.tolist() for label, x in matrices.items()}}
-
-
 def format_estimate(e: Mapping[str, float] | None, fmt: str) -> str:
     """``value (lo to hi)``; says so where there are too few seeds for an interval."""
-    if not e or not _finite(e.get("value")):
+    if not e or not finite(e.get("value")):
         return "-"
-    if not _finite(e.get("lo")):
+    if not finite(e.get("lo")):
         return f"{e['value']:{fmt}} (no CI: under {MIN_RUNS_FOR_CI} seeds)"
     return f"{e['value']:{fmt}} ({e['lo']:{fmt}} to {e['hi']:{fmt}})"
-
-
-def format_task_table(stats: Sequence[Mapping[str, Any]], reference: str) -> str:
-    """Per arm: seeds, then per metric IQM, mean and P(> reference), each with its 95% CI."""
-    head = ["scaler"]
-    for _, name in METRICS:
-        head += [f"{name}: seeds", f"{name}: IQM (95% CI)", f"{name}: mean (95% CI)",
-                 f"{name}: P(> {reference}) (95% CI)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for s in stats:
-        cells = [s["label"]]
-        for metric, _ in METRICS:
-            m = s.get(metric)
-            cells += ([str(m["seeds"]), format_estimate(m["IQM"], ".1f"), format_estimate(m["mean"], ".1f"),
-                       format_estimate(m["improvement"], ".2f")] if m else ["0", "-", "-", "-"])
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def format_across_table(per_metric: Sequence[Mapping[str, Any]], reference: str) -> str:
-    """Per arm and metric: seeds on every task, normalised IQM, mean and P(> reference)."""
-    head = ["scaler", "score", "seeds (each task)", "IQM (95% CI)", "mean (95% CI)", f"P(> {reference}) (95% CI)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    names = dict(METRICS)
-    for agg in per_metric:
-        for a in agg["arms"]:
-            lines.append(f"| {a['label']} | {names[agg['metric']]} | {a['seeds']} | {format_estimate(a['IQM'], '.2f')} "
-                         f"| {format_estimate(a['mean'], '.2f')} | {format_estimate(a['improvement'], '.2f')} |")
-    return "\n".join(lines)
-
-
-def format_normalisation(per_metric: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One line per task and metric: its start and best arm, or why it is left out."""
-    names = dict(METRICS)
-    out = []
-    for agg in per_metric:
-        for task, n in agg["normalisation"].items():
-            if "reason" in n:
-                out.append(f"- {task}, {names[agg['metric']]}: left out ({n['reason']}).")
-            else:
-                out.append(f"- {task}, {names[agg['metric']]}: 0 = {n['start']:.1f} (round-0 evaluation), "
-                           f"1 = {n['best']:.1f} (`{n['best_label']}`'s mean).")
-    return out
-
-
-STATISTICS_NOTE = (
-    "IQM and mean: rliable (Agarwal et al. 2021). The IQM is the mean of the middle half of the seeds' "
-    "scores (a 25% trimmed mean), steadier than the mean against one seed's outlier and less wasteful "
-    "than the median; the mean is the mean over tasks of each task's mean over seeds. Their 95% CIs are "
-    "stratified percentile bootstraps ({reps:,} resamples of the seeds, within each task). "
-    "P(> {reference}) is the probability of improvement: the chance that a seed of the row's scaler "
-    "scores above a seed of `{reference}` on the same task (Mann-Whitney U over all pairs, a tie "
-    "counting half), 0.5 for arms alike, averaged over tasks; its CI resamples each arm's seeds on "
-    "their own. Late return: the mean of a run's last {late} evaluations; final return: its last "
-    "evaluation. Finished runs only; an interval needs at least {min_runs} seeds.")
-
-
-def statistics_note(reference: str, late_evaluations: int, reps: int = BOOTSTRAP_REPS) -> str:
-    return STATISTICS_NOTE.format(reference=reference, late=late_evaluations, reps=reps, min_runs=MIN_RUNS_FOR_CI)
-
-
-# A README's generated statistics sit between these two lines (HTML comments: unseen once rendered),
-# so that ``nitro experiment report`` can rewrite them in a README whose other text was edited by hand.
-BLOCK_BEGIN = "<!-- rliable statistics: {name} (`nitro experiment report DIR` rewrites this block) -->"
-BLOCK_END = "<!-- end of rliable statistics -->"
-ACROSS_BLOCK = "across tasks"
-
-
-def task_name(env: str, algo: str) -> str:
-    """A task as the report's headings, tables and statistics name it."""
-    return f"{env} · {algo}"
-
-
-def statistics_block(name: str, lines: Sequence[str]) -> list[str]:
-    """``lines`` (Markdown, the last one blank) between the block's markers, as README lines."""
-    return [BLOCK_BEGIN.format(name=name), "", *lines, BLOCK_END, ""]
-
-
-def task_block(env: str, algo: str, stats: Sequence[Mapping[str, Any]], reference: str, late_evaluations: int,
-               reps: int = BOOTSTRAP_REPS) -> list[str]:
-    """One task's statistics block: the note on how they are computed, then the per-arm table."""
-    return statistics_block(task_name(env, algo), [statistics_note(reference, late_evaluations, reps), "",
-                                                   format_task_table(stats, reference), ""])
-
-
-def across_section(rows: Sequence[Mapping[str, Any]], tasks: Sequence[tuple[str, str]], labels: Sequence[str],
-                   reference: str, out_dir: str | Path, *, reps: int = BOOTSTRAP_REPS,
-                   profile_reps: int = PROFILE_REPS, seed: int = BOOTSTRAP_SEED,
-                   ) -> tuple[list[str], list[dict[str, Any]], Path | None]:
-    """The report's across-tasks section (Markdown lines), its numbers per metric, and the
-    performance-profile PNG written to ``out_dir`` (None where no task can be normalised)."""
-    per_metric = [across_tasks(rows, tasks, labels, reference, m, reps=reps, seed=seed) for m, _ in METRICS]
-    md = ["## Across tasks (rliable)", "",
-          "Each task's returns normalised as (return − start) / (best − start): start is the mean of the "
-          "task's round-0 evaluations (the initialised policy, before any update; a seed's arms share its "
-          "weights), best the highest scaler mean on the task for that score. So 0 is where training began "
-          "and 1 the best scaler on the task. The constants are fixed, not resampled; a task without a "
-          "round-0 evaluation, or where no scaler's mean beats the start, is left out. A scaler's seeds are "
-          "those it finished on every task used. Per task, the tables above give the raw returns.", "",
-          *format_normalisation(per_metric), ""]
-    if not any(agg["arms"] for agg in per_metric):
-        return [*md, "No task can be normalised yet: no aggregate and no performance profile.", ""], per_metric, None
-    md += [format_across_table(per_metric, reference), ""]
-    panels = {dict(METRICS)[agg["metric"]]: agg["scores"] for agg in per_metric if agg["scores"]}
-    path = plot_performance_profiles(panels, Path(out_dir) / PROFILE_FILE, reps=profile_reps, seed=seed,
-                                     title=f"Performance profiles over {len(per_metric[0]['tasks'])} task(s) "
-                                           "(95% stratified-bootstrap bands)",
-                                     xlabel="normalised score τ (0: round-0 policy, 1: best scaler)")
-    md += ["Performance profiles: per threshold τ, the fraction of all runs (seeds × tasks) whose normalised "
-           f"score is above τ, with 95% stratified-bootstrap bands ({profile_reps:,} resamples). A curve "
-           "above another is better at every level of performance.", "", f"![performance-profile]({path.name})", ""]
-    return md, per_metric, path

@@ -15,18 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nitro.experiments.aggregate import (
+from nitro.experiments.carry import CarriedRun
+from nitro.experiments.cells import Cell, cell_config, fmt_value, sensitivity_cells, slug
+from nitro.experiments.machine import machine_info, machine_markdown
+from nitro.experiments.rounds import write_rounds
+from nitro.experiments.scores import (
     ACROSS_BLOCK,
     across_section,
+    best_of_grid,
     start_return,
     statistics_block,
     task_block,
     task_statistics,
 )
-from nitro.experiments.carry import CarriedRun
-from nitro.experiments.cells import Cell, cell_config, fmt_value, sensitivity_cells, slug
-from nitro.experiments.machine import machine_info, machine_markdown
-from nitro.experiments.rounds import write_rounds
 from nitro.experiments.spec import ExperimentSpec
 from nitro.experiments.stats import (
     LATE_EVALUATIONS,
@@ -36,6 +37,7 @@ from nitro.experiments.stats import (
     format_summary,
     late_return,
     ratios_against,
+    return_spend_area,
     round_cost_table,
     summarize,
     threshold_table,
@@ -44,7 +46,10 @@ from nitro.experiments.stats import (
 
 REPORT_METRICS = ("eval_return_mean", "eval_stochastic_return_mean", "train_return_mean", "actors_launched",
                   "actors_wanted", "env_steps_total", "spend_round_usd", "spend_total_usd", "boost_score", "hessian_R",
-                  "round_s", "round_lambda_s", "round_billed_s")
+                  "round_s", "round_lambda_s", "round_billed_s",
+                  # the goodput scaler's reading of each round (nitro/scaling/goodput.py), for a study's
+                  # account of which term of its model held: the noise scale, the price fit, the choice
+                  "goodput/phi", "goodput/c0_usd", "goodput/c1_usd", "goodput/best_actors", "goodput/gain_over_min")
 # A study's pre-registration, written by hand into its report folder before any cell runs: the
 # generated README.md links to it and never overwrites it.
 PREREGISTRATION = "PREREGISTRATION.md"
@@ -61,6 +66,7 @@ class Report:
     task_statistics: list[dict[str, Any]] = field(default_factory=list)
     across_tasks: list[dict[str, Any]] = field(default_factory=list)
     thresholds: list[dict[str, Any]] = field(default_factory=list)  # per env, algo and arm: time to the threshold
+    best_of: list[dict[str, Any]] = field(default_factory=list)  # per task, score and arm: against the grid's best
     markdown: str = ""
 
 
@@ -133,6 +139,8 @@ def build_report(
     for r in rows:  # from the history, so a carried run (its report older than the column) has it too
         r["late_return"] = late_return(histories[r["mlflow_run_id"]])
         r["start_return"] = start_return(histories[r["mlflow_run_id"]])
+        r["return_area"] = (return_spend_area(histories[r["mlflow_run_id"]], spec.budget_usd)
+                            if spec.budget_usd is not None else math.nan)
     report.rows = rows
     round_rows = [{"run_name": r["run_name"], "label": r["label"], "env": r["env"], "algo": r["algo"],
                    "seed": r["seed"], **h} for r in rows for h in histories[r["mlflow_run_id"]]]
@@ -231,8 +239,11 @@ def build_report(
                 md += round_cost_table(groups)
             stats = task_statistics(main_rows, env, algo, main_labels, spec.reference)
             if stats:
-                md += task_block(env, algo, stats, spec.reference, LATE_EVALUATIONS)
+                against = best_of_grid(main_rows, env, algo, main_labels, spec.best_of) if spec.best_of else []
+                md += task_block(env, algo, stats, spec.reference, LATE_EVALUATIONS, against=against,
+                                 grid=spec.best_of)
                 report.task_statistics += stats
+                report.best_of += against
             md += [f"![{p.stem}]({add(p)})" for p in figs] + [""]
 
     tasks = [(env, algo) for env in spec.matrix.env for algo in spec.matrix.algo]
@@ -279,7 +290,8 @@ def build_report(
                + "; ".join(f"{m}: {n}" for m, n in machines.items()) + ". `runs.csv` names each run's.", ""]
 
     run_cols = ["run_name", "nitro_run_id", "mlflow_run_id", "cell", "label", "env", "algo", "scaler", "seed",
-                "rounds_done", "final_return", "late_return", "start_return", "total_spend_usd", "env_steps_total",
+                "rounds_done", "final_return", "late_return", "return_area", "start_return", "total_spend_usd",
+                "env_steps_total",
                 "pretrain_episodes", "pretrain_env_steps", "pretrain_usd", "status", "machine"]
     add(_write_csv(out / "runs.csv", rows, run_cols))
     add(rounds_file)
@@ -293,7 +305,8 @@ def build_report(
         "experiment": spec.name, "spec": spec.model_dump(mode="json"), "parent_run_id": parent_run_id,
         "tracking_uri": tracking_uri, "machine": info, "summary": report.summary, "ratios": report.ratios,
         "time_to_threshold": report.thresholds,
-        "statistics": {"per_task": report.task_statistics, "across_tasks": report.across_tasks},
+        "statistics": {"per_task": report.task_statistics, "across_tasks": report.across_tasks,
+                       "best_of": report.best_of},
         "configs": configs, "runs": rows, "notes": dict(notes or {}),
     }
     results_path = out / "results.json"

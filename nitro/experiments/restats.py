@@ -4,8 +4,9 @@ A report is written by the experiment flow from an MLflow store, and only the re
 This reads what the report keeps: ``results.json`` (the spec's matrix and reference), ``runs.csv``
 (per run: arm, task, seed, status, final and late return) and the rounds file (per round: the
 evaluation return, from which a run's late return and its round-0 evaluation follow where
-``runs.csv`` predates those columns). It rewrites the rliable parts alone: the README's statistics
-blocks (``aggregate.statistics_block``: per task after the task's tables, across tasks before the
+``runs.csv`` predates those columns; the spend, from which its area under return vs spend follows
+in a budget experiment). It rewrites the rliable parts alone: the README's statistics
+blocks (``scores.statistics_block``: per task after the task's tables, across tasks before the
 runs table), ``results.json``'s ``statistics`` and ``performance-profile.png``. Every other line of
 the README, hand-written or generated, and every other file stay as they are.
 """
@@ -20,31 +21,43 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nitro.experiments.aggregate import (
+from nitro.experiments.aggregate import BOOTSTRAP_REPS, PROFILE_REPS
+from nitro.experiments.rounds import read_rounds, rounds_path
+from nitro.experiments.scores import (
     ACROSS_BLOCK,
     BLOCK_BEGIN,
     BLOCK_END,
-    BOOTSTRAP_REPS,
     PROFILE_FILE,
-    PROFILE_REPS,
     across_section,
+    best_of_grid,
     start_return,
     statistics_block,
     task_block,
     task_name,
     task_statistics,
 )
-from nitro.experiments.rounds import read_rounds, rounds_path
 from nitro.experiments.spec import ExperimentError, ExperimentSpec
-from nitro.experiments.stats import LATE_EVALUATIONS, late_return
+from nitro.experiments.stats import LATE_EVALUATIONS, late_return, return_spend_area
 
 RUN_COLUMNS = ("label", "env", "algo", "seed", "final_return")  # runs.csv must have these
 DERIVED_COLUMNS = ("late_return", "start_return")  # from runs.csv, else from the rounds' eval_return_mean
+AREA_COLUMN = "return_area"  # in a budget experiment, from runs.csv, else from the rounds' returns and spend
 # Where the across-tasks block goes in a README that has none yet: before the first of these
 # headings (the report's order: tasks, across tasks, sensitivity, runs, notes, machine), else at the end.
 ACROSS_BEFORE = ("## Sensitivity", "## Runs", "## Notes", "## Machine and versions")
 _BLOCK = re.compile(re.escape(BLOCK_BEGIN).replace(re.escape("{name}"), "(?P<name>[^\n]*?)")
                     + r"\n.*?" + re.escape(BLOCK_END) + r"\n\n?", re.S)
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    """What the statistics need of a report's spec (results.json's ``spec``)."""
+
+    tasks: list[tuple[str, str]]  # (env, algo)
+    labels: list[str]  # the main arms, in the matrix's order
+    reference: str
+    budget_usd: float | None  # None: the cells ran the same rounds, not the same money
+    best_of: list[str]
 
 
 @dataclass(frozen=True)
@@ -60,9 +73,9 @@ def _fail(report_dir: Path, what: str) -> ExperimentError:
     return ExperimentError(f"{report_dir}: cannot rebuild the statistics: {what}")
 
 
-def read_spec(report_dir: Path) -> tuple[list[tuple[str, str]], list[str], str]:
-    """The report's tasks (env, algo), its main arms in the matrix's order and its reference arm
-    (a spec from before ``reference`` existed gets the spec's default, ``fixed``)."""
+def read_spec(report_dir: Path) -> ReportSpec:
+    """The report's tasks, main arms, reference arm (a spec from before ``reference`` existed gets
+    the spec's default, ``fixed``), budget and grid."""
     path = report_dir / "results.json"
     if not path.exists():
         raise _fail(report_dir, "results.json is missing (it names the matrix and the reference)")
@@ -73,12 +86,15 @@ def read_spec(report_dir: Path) -> tuple[list[tuple[str, str]], list[str], str]:
         raise _fail(report_dir, f"results.json's spec.matrix lacks {', '.join(missing)}")
     reference = spec.get("reference") or ExperimentSpec.model_fields["reference"].default
     tasks = [(env, algo) for env in matrix["env"] for algo in matrix["algo"]]
-    return tasks, list(dict.fromkeys(matrix["scaler"])), str(reference)
+    budget = spec.get("budget_usd") if spec.get("compare", "budget") == "budget" else None
+    return ReportSpec(tasks, list(dict.fromkeys(matrix["scaler"])), str(reference),
+                      float(budget) if budget is not None else None, list(spec.get("best_of") or []))
 
 
-def read_runs(report_dir: Path) -> list[dict[str, Any]]:
-    """``runs.csv``'s rows, each with its late return and round-0 evaluation: from the row where
-    ``runs.csv`` has them, else from the run's rounds (as the report computes them)."""
+def read_runs(report_dir: Path, budget_usd: float | None = None) -> list[dict[str, Any]]:
+    """``runs.csv``'s rows, each with its late return, round-0 evaluation and, given the budget, its
+    area under return vs spend: from the row where ``runs.csv`` has them, else from the run's rounds
+    (as the report computes them)."""
     path = report_dir / "runs.csv"
     if not path.exists():
         raise _fail(report_dir, "runs.csv is missing")
@@ -89,7 +105,8 @@ def read_runs(report_dir: Path) -> list[dict[str, Any]]:
     missing = [c for c in RUN_COLUMNS if c not in columns]
     if missing:
         raise _fail(report_dir, f"runs.csv lacks {', '.join(missing)}")
-    derive = [c for c in DERIVED_COLUMNS if c not in columns]
+    wanted = (*DERIVED_COLUMNS, AREA_COLUMN) if budget_usd is not None else DERIVED_COLUMNS
+    derive = [c for c in wanted if c not in columns]
     if not derive:
         return rows
     needs = f"runs.csv lacks {', '.join(derive)}"
@@ -102,12 +119,16 @@ def read_runs(report_dir: Path) -> list[dict[str, Any]]:
         raise _fail(report_dir, f"{needs} and has no run_name to find a run's rounds by")
     if not any("eval_return_mean" in h for history in rounds.values() for h in history):
         raise _fail(report_dir, f"{needs} and {name} has no eval_return_mean to derive them from")
+    if AREA_COLUMN in derive and not any("spend_total_usd" in h for history in rounds.values() for h in history):
+        raise _fail(report_dir, f"{needs} and {name} has no spend_total_usd to derive {AREA_COLUMN} from")
     for row in rows:
         history = rounds.get(row["run_name"], [])
         if "late_return" in derive:
             row["late_return"] = late_return(history)
         if "start_return" in derive:
             row["start_return"] = start_return(history)
+        if AREA_COLUMN in derive and budget_usd is not None:
+            row[AREA_COLUMN] = return_spend_area(history, budget_usd)
     return rows
 
 
@@ -167,15 +188,20 @@ def rebuild_statistics(report_dir: str | Path, *, reps: int = BOOTSTRAP_REPS,
     out = Path(report_dir)
     if not out.is_dir():
         raise ExperimentError(f"{out}: not a report directory")
-    tasks, labels, reference = read_spec(out)
-    rows = [r for r in read_runs(out) if r["label"] in labels]  # a sensitivity cell's label has key=value
+    spec = read_spec(out)
+    tasks, labels, reference = spec.tasks, spec.labels, spec.reference
+    rows = [r for r in read_runs(out, spec.budget_usd) if r["label"] in labels]  # a sensitivity cell's: key=value
     blocks: dict[str, list[str]] = {}
     per_task: list[dict[str, Any]] = []
+    best_of: list[dict[str, Any]] = []
     for env, algo in tasks:
         stats = task_statistics(rows, env, algo, labels, reference, reps=reps)
         if stats:
-            blocks[task_name(env, algo)] = task_block(env, algo, stats, reference, LATE_EVALUATIONS, reps)
+            against = best_of_grid(rows, env, algo, labels, spec.best_of, reps=reps) if spec.best_of else []
+            blocks[task_name(env, algo)] = task_block(env, algo, stats, reference, LATE_EVALUATIONS, reps,
+                                                      against=against, grid=spec.best_of)
             per_task += stats
+            best_of += against
     if not per_task:
         raise _fail(out, "no finished run has a final or a late return")
     across_md, across, profile = across_section(rows, tasks, labels, reference, out, reps=reps,
@@ -188,7 +214,7 @@ def rebuild_statistics(report_dir: str | Path, *, reps: int = BOOTSTRAP_REPS,
     readme.write_text(place_blocks(readme.read_text() if readme.exists() else "", blocks))
     results_path = out / "results.json"
     text = results_path.read_text()
-    results = _with_statistics(json.loads(text), {"per_task": per_task, "across_tasks": across})
+    results = _with_statistics(json.loads(text), {"per_task": per_task, "across_tasks": across, "best_of": best_of})
     ending = "\n" if text.endswith("\n") else ""
     results_path.write_text(json.dumps(json_safe(results), indent=1, default=str) + ending)
     files = [readme, results_path, *([profile] if profile is not None else [])]

@@ -119,6 +119,8 @@ class ExperimentSpec(_Strict):
     sensitivity: SensitivitySpec | None = None
     reference: str = Field("fixed", description="the matrix entry the report divides every other entry's "
                            "return and spend by (no ratio table when the matrix lacks it)")
+    best_of: list[str] = Field(default_factory=list, description="the grid whose best entry per task is the bar: "
+                               "the report divides every other entry's scores by that entry's, seed by seed")
     thresholds: dict[str, float] = Field(default_factory=dict, description="per env: the return (whole episodes, "
                                          "mean action) whose first evaluation at or above it times each run on its "
                                          "billed clock; fixed before any cell runs")
@@ -139,6 +141,10 @@ class ExperimentSpec(_Strict):
         for key in ("budget_usd", "rounds"):
             if self.base.get(key) is not None:
                 raise ValueError(f"base.{key} is set by `compare`; remove it from base")
+        if stray := [name for name in self.best_of if name not in self.matrix.scaler]:
+            raise ValueError(f"best_of: {', '.join(stray)} not in matrix.scaler")
+        if len(set(self.best_of)) != len(self.best_of) or len(self.best_of) == 1:
+            raise ValueError("best_of: give two or more distinct matrix entries (the grid), or none")
         if stray := sorted(set(self.thresholds) - set(self.matrix.env)):
             raise ValueError(f"thresholds: {', '.join(stray)} not in matrix.env")
         for name in self.baselines:

@@ -57,6 +57,25 @@ def late_return(history: Sequence[Mapping[str, Any]], k: int = LATE_EVALUATIONS)
     return _mean(evals[-k:])
 
 
+def return_spend_area(history: Sequence[Mapping[str, Any]], budget_usd: float) -> float:
+    """The area under a run's return-vs-spend curve divided by its budget: the mean return its money
+    bought along the way, in return units. The curve is the report's figure: each evaluation's return
+    (whole episodes, mean action) at the cumulative spend of its round, straight between evaluations;
+    the first one (round 0's, the initialised policy) holds from $0 and the last one to the budget,
+    since money a run left unspent bought it nothing better (past the budget, to its last spend). NaN
+    where the run has no evaluation."""
+    points = [(float(h["spend_total_usd"]), float(h["eval_return_mean"]))
+              for h in sorted(history, key=lambda h: h["round"])
+              if finite(h.get("eval_return_mean")) and finite(h.get("spend_total_usd"))]
+    if not points:
+        return math.nan
+    spend = np.array([x for x, _ in points])
+    ret = np.array([y for _, y in points])
+    end = max(float(budget_usd), float(spend[-1]))
+    area = ret[0] * spend[0] + float(np.sum((spend[1:] - spend[:-1]) * (ret[1:] + ret[:-1]) / 2))
+    return float((area + ret[-1] * (end - spend[-1])) / end)
+
+
 SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("env", "env"),
     ("algo", "algo"),
@@ -173,14 +192,39 @@ def ratio_ci(a: Sequence[float], b: Sequence[float], seed: int = 0, draws: int =
         return nan
     if min(len(a_arr), len(b_arr)) < MIN_SEEDS_FOR_CI:
         return {**nan, "ratio": float(a_arr.mean() / b_arr.mean())}
+    lo, hi = _percentile_ci(IndependentSamplesBootstrap(a_arr, b_arr, seed=seed), draws)
+    return {"ratio": float(a_arr.mean() / b_arr.mean()), "lo": lo, "hi": hi}
 
+
+def _percentile_ci(bootstrap: Any, draws: int) -> tuple[float, float]:
+    """The 95% percentile interval of mean(a) / mean(b) over an arch bootstrap of (a, b)."""
     def ratio(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.array([x.mean() / y.mean()])
 
-    bootstrap = IndependentSamplesBootstrap(a_arr, b_arr, seed=seed)
     with np.errstate(divide="ignore", invalid="ignore"):  # a resample of b may average 0
         lo, hi = bootstrap.conf_int(ratio, reps=draws, method="percentile", size=0.95)[:, 0]
-    return {"ratio": float(a_arr.mean() / b_arr.mean()), "lo": float(lo), "hi": float(hi)}
+    return float(lo), float(hi)
+
+
+def paired_ratio_ci(a: Sequence[float], b: Sequence[float], seed: int = 0,
+                    draws: int = 10_000) -> dict[str, float]:
+    """mean(a) / mean(b) of paired scores (``a[i]`` and ``b[i]`` from one seed) with a
+    percentile-bootstrap 95% CI from arch's ``IIDBootstrap``, which resamples the pairs, so what a
+    seed shares between the arms (its start, its host) stays paired. NaN where the arms differ in
+    length, are empty, not finite, or ``b``'s mean is not above 0 (no ratio of returns there); the
+    bounds are NaN under ``MIN_SEEDS_FOR_CI`` pairs."""
+    from arch.bootstrap import IIDBootstrap
+
+    a_arr, b_arr = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    nan = {"ratio": math.nan, "lo": math.nan, "hi": math.nan}
+    if (len(a_arr) != len(b_arr) or not len(a_arr) or not (np.isfinite(a_arr).all() and np.isfinite(b_arr).all())
+            or b_arr.mean() <= 0):
+        return nan
+    point = float(a_arr.mean() / b_arr.mean())
+    if len(a_arr) < MIN_SEEDS_FOR_CI:
+        return {**nan, "ratio": point}
+    lo, hi = _percentile_ci(IIDBootstrap(a_arr, b_arr, seed=seed), draws)
+    return {"ratio": point, "lo": lo, "hi": hi}
 
 
 def ratios_against(summary: Sequence[Mapping[str, Any]], reference: str) -> list[dict[str, Any]]:

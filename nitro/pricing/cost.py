@@ -47,23 +47,15 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from nitro.config import PriceTable
+from nitro.pricing.amount import S_PER_H, D
 from nitro.pricing.vm import VmFleet
 
 _MS_PER_S = Decimal(1000)
 _MB_PER_GB = Decimal(1024)
-_S_PER_H = Decimal(3600)
 _MILLION = Decimal(1_000_000)
 CENT = Decimal("0.01")
 
 COMPONENTS = ("learner", "lambda_compute", "requests", "provisioned", "vm")
-
-
-def D(x: float | int | str | Decimal) -> Decimal:
-    """Exact decimal of a price or duration (floats via their shortest repr)."""
-    d = x if isinstance(x, Decimal) else Decimal(str(x))
-    if not d.is_finite():
-        raise ValueError(f"not a finite amount: {x!r}")
-    return d
 
 
 def to_cents(x: Decimal) -> Decimal:
@@ -194,7 +186,7 @@ class CostLedger:
         s = D(seconds)
         if s < 0:
             raise ValueError("negative learner time")
-        return D(self.prices.learner_per_hour) * s / _S_PER_H
+        return D(self.prices.learner_per_hour) * s / S_PER_H
 
     def _provisioned_cost_of(self, seconds: Decimal) -> Decimal:
         if self.provisioned_rounding_s > 0:

@@ -34,13 +34,8 @@ from typing import Any
 
 from nitro.config import ClockConfig
 from nitro.config.vm import VmConfig
+from nitro.pricing.amount import S_PER_H, D
 from nitro.pricing.clock import RoundClock
-
-_S_PER_H = Decimal(3600)
-
-
-def _dec(x: float | int | Decimal) -> Decimal:
-    return x if isinstance(x, Decimal) else Decimal(str(x))
 
 
 def billed_instance_s(up_s: Decimal, min_billed_s: int) -> Decimal:
@@ -96,7 +91,7 @@ class VmFleet:
 
     @property
     def per_hour(self) -> Decimal:
-        return _dec(self.config.per_hour or 0)
+        return D(self.config.per_hour or 0)
 
     def instances_for(self, actors: int, invocations: int) -> int:
         """Instances a round with ``actors`` training actors and ``invocations`` in all needs."""
@@ -104,7 +99,7 @@ class VmFleet:
         return max(self.config.min_instances, needed)
 
     def instance_cost(self, up_s: Decimal) -> Decimal:
-        return self.per_hour * billed_instance_s(up_s, self.config.min_billed_s) / _S_PER_H
+        return self.per_hour * billed_instance_s(up_s, self.config.min_billed_s) / S_PER_H
 
     def scale(self, round_idx: int, actors: int, invocations: int, decided_after_s: float) -> FleetChange:
         """Size the fleet for round ``round_idx``'s decision (applied to the sessions when the
@@ -125,10 +120,10 @@ class VmFleet:
     def charge(self, round_s: float | Decimal) -> Decimal:
         """The round's charge for ``round_s`` billed seconds (see the module docstring); applies
         and clears the round's change."""
-        seconds, change = _dec(round_s), self.change
+        seconds, change = D(round_s), self.change
         running = [s for s in self.sessions if s.running]
         n_stop = change.stopped if change is not None else 0
-        decided = _dec(change.decided_after_s) if change is not None else Decimal(0)
+        decided = D(change.decided_after_s) if change is not None else Decimal(0)
         new = [InstanceSession() for _ in range(change.started if change is not None else 0)]
         kept, stopping = running[:len(running) - n_stop], running[len(running) - n_stop:]
         ups = [(s, seconds) for s in kept] + [(s, min(decided, seconds)) for s in stopping] + \
@@ -147,7 +142,7 @@ class VmFleet:
         """An upper bound of the fleet's charge for a decision for ``actors`` (``invocations`` in
         all) whose learner runs ``seconds`` until the next decision: every running instance and
         every one it starts, up all that time."""
-        s = _dec(seconds)
+        s = D(seconds)
         running = [x for x in self.sessions if x.running]
         more = max(0, self.instances_for(actors, invocations) - len(running))
         kept = sum((self.instance_cost(x.up_s + s) - self.instance_cost(x.up_s) for x in running), Decimal(0))

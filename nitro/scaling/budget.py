@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Protocol
 
-from nitro.pricing.cost import CostLedger, D
+from nitro.pricing.amount import D
+from nitro.pricing.cost import CostLedger
 
 TAIL_S = 2.0  # publishing the weights, planning the invocations and closing the round
 ALLOWANCE_BASE_S = 5.0  # the next round's fixed work before its decision (connections, detection)
