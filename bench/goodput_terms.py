@@ -56,12 +56,11 @@ GOODPUT = "goodput"
 
 
 def grid_counts(results: dict[str, Any], grid: list[str]) -> dict[str, int]:
-    """Each grid entry's fixed actor count, from a cell's config in ``results.json``."""
+    """Each grid entry's fixed actor count, from one of its runs' cell config in ``results.json``."""
     counts: dict[str, int] = {}
-    for key, config in results["configs"].items():
-        label = key.split("/")[2]
-        if label in grid and label not in counts:
-            counts[label] = int(config["scaler"]["fixed_actors"])
+    for run in results["runs"]:
+        if run["label"] in grid:
+            counts.setdefault(run["label"], int(results["configs"][run["cell"]]["scaler"]["fixed_actors"]))
     return counts
 
 
@@ -79,6 +78,11 @@ def _median(values: list[float]) -> float:
     return float(np.median(values)) if values else math.nan
 
 
+def _gain(run: dict[str, Any]) -> float:
+    """A run's late return above its seed's round-0 evaluation."""
+    return float(run["late_return"]) - float(run["start_return"])
+
+
 def task_terms(env: str, rows: list[dict[str, Any]], rounds: dict[str, list[dict[str, float]]],
                counts: dict[str, int], steps: int, i_min: int) -> dict[str, Any]:
     """The four terms for one task (the module's docstring)."""
@@ -90,7 +94,7 @@ def task_terms(env: str, rows: list[dict[str, Any]], rounds: dict[str, list[dict
                     for seed, r in by_label.get(label, {}).items()} for label in counts}
     measured = {label: _median(list(cost[label].values())) for label in counts}
 
-    fits, phis, actors, above = [], [], [], []
+    phis, actors, above = [], [], []
     own: list[dict[str, Any]] = []  # per seed with a fit: the grid's line on its host, goodput's, their ratio
     for seed, r in sorted(by_label.get(GOODPUT, {}).items()):
         history = rounds[r["run_name"]]
@@ -99,24 +103,23 @@ def task_terms(env: str, rows: list[dict[str, Any]], rounds: dict[str, list[dict
         actors += [float(np.mean(launched))] if launched else []
         above += [float(np.mean([n > i_min for n in launched]))] if launched else []
         fit = [h for h in history if finite(h.get("goodput/c0_usd")) and finite(h.get("goodput/c1_usd"))]
-        phi = [h["goodput/phi"] for h in history[len(history) // 2:] if finite(h.get("goodput/phi"))]
-        if phi:
-            phis.append(_median(phi))
+        run_phi = _median([h["goodput/phi"] for h in history[len(history) // 2:] if finite(h.get("goodput/phi"))])
+        if finite(run_phi):
+            phis.append(run_phi)
         grid = {counts[label]: cost[label][seed] for label in counts if finite(cost[label].get(seed))}
         if fit and len(grid) >= 2:
             c0_fit, c1_fit = fit[-1]["goodput/c0_usd"], fit[-1]["goodput/c1_usd"]
-            fits.append((c0_fit, c1_fit))
             n = np.array(sorted(grid), dtype=float)
             c1_grid, c0_grid = (float(v) for v in np.polyfit(n, [grid[int(k)] for k in n], 1))
-            best = (math.sqrt(_median(phi) * c0_grid / (c1_grid / steps)) / steps
-                    if phi and c0_grid > 0 and c1_grid > 0 else math.nan)
+            best = (math.sqrt(run_phi * c0_grid / (c1_grid / steps)) / steps
+                    if finite(run_phi) and c0_grid > 0 and c1_grid > 0 else math.nan)
             own.append({"seed": seed, "grid_c0_usd": c0_grid, "grid_c1_usd": c1_grid, "fit_c0_usd": c0_fit,
-                        "fit_c1_usd": c1_fit, "phi": _median(phi) if phi else math.nan,
+                        "fit_c1_usd": c1_fit, "phi": run_phi,
                         "model_best_actors_on_grid_line": min(max(best, min(counts.values())), max(counts.values()))
                         if finite(best) else math.nan,
                         "fitted_over_measured": {int(k): (c0_fit + c1_fit * k) / grid[int(k)] for k in n}})
-    c0 = _median([f[0] for f in fits])
-    c1 = _median([f[1] for f in fits])
+    c0 = _median([o["fit_c0_usd"] for o in own])
+    c1 = _median([o["fit_c1_usd"] for o in own])
     phi = _median(phis)
 
     ordered = sorted(counts, key=lambda lab: counts[lab])
@@ -126,12 +129,8 @@ def task_terms(env: str, rows: list[dict[str, Any]], rounds: dict[str, list[dict
     for label in ordered:
         n, cost = counts[label], measured[label]
         seeds = sorted(set(by_label.get(label, {})) & set(by_label.get(base, {})))
-
-        def gain(r: dict[str, Any]) -> float:
-            return float(r["late_return"]) - float(r["start_return"])
-
-        realised = paired_ratio_ci([gain(by_label[label][k]) for k in seeds],
-                                   [gain(by_label[base][k]) for k in seeds])
+        realised = paired_ratio_ci([_gain(by_label[label][k]) for k in seeds],
+                                   [_gain(by_label[base][k]) for k in seeds])
         model = (efficiency(n * steps, phi) / cost) / (efficiency(n0 * steps, phi) / cost0) if finite(phi) else math.nan
         target = realised["ratio"] * cost / cost0 if finite(realised["ratio"]) else math.nan
         per_count.append({
@@ -143,7 +142,7 @@ def task_terms(env: str, rows: list[dict[str, Any]], rounds: dict[str, list[dict
             "implied_phi": implied_phi(target, n, n0, steps) if finite(target) and n != n0 else None,
         })
     return {"env": env, "steps_per_actor": steps, "base": base, "goodput_runs": len(by_label.get(GOODPUT, {})),
-            "goodput_runs_with_fit": len(fits), "c0_usd": c0, "c1_usd": c1,
+            "goodput_runs_with_fit": len(own), "c0_usd": c0, "c1_usd": c1,
             "phi_median": phi, "phi_range": [min(phis), max(phis)] if phis else None,
             "goodput_mean_actors": _median(actors), "goodput_share_above_i_min": _median(above),
             "per_seed_lines": own, "per_count": per_count}

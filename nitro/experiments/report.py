@@ -22,11 +22,9 @@ from nitro.experiments.rounds import write_rounds
 from nitro.experiments.scores import (
     ACROSS_BLOCK,
     across_section,
-    best_of_grid,
     start_return,
     statistics_block,
-    task_block,
-    task_statistics,
+    task_scores,
 )
 from nitro.experiments.spec import ExperimentSpec
 from nitro.experiments.stats import (
@@ -237,13 +235,10 @@ def build_report(
                 report.thresholds += [{"env": env, "algo": algo, **r} for r in records]
             if spec.compare == "budget":
                 md += round_cost_table(groups)
-            stats = task_statistics(main_rows, env, algo, main_labels, spec.reference)
-            if stats:
-                against = best_of_grid(main_rows, env, algo, main_labels, spec.best_of) if spec.best_of else []
-                md += task_block(env, algo, stats, spec.reference, LATE_EVALUATIONS, against=against,
-                                 grid=spec.best_of)
-                report.task_statistics += stats
-                report.best_of += against
+            block, stats, against = task_scores(main_rows, env, algo, main_labels, spec.reference, spec.best_of)
+            md += block
+            report.task_statistics += stats
+            report.best_of += against
             md += [f"![{p.stem}]({add(p)})" for p in figs] + [""]
 
     tasks = [(env, algo) for env in spec.matrix.env for algo in spec.matrix.algo]

@@ -29,15 +29,13 @@ from nitro.experiments.scores import (
     BLOCK_END,
     PROFILE_FILE,
     across_section,
-    best_of_grid,
     start_return,
     statistics_block,
-    task_block,
     task_name,
-    task_statistics,
+    task_scores,
 )
 from nitro.experiments.spec import ExperimentError, ExperimentSpec
-from nitro.experiments.stats import LATE_EVALUATIONS, late_return, return_spend_area
+from nitro.experiments.stats import late_return, return_spend_area
 
 RUN_COLUMNS = ("label", "env", "algo", "seed", "final_return")  # runs.csv must have these
 DERIVED_COLUMNS = ("late_return", "start_return")  # from runs.csv, else from the rounds' eval_return_mean
@@ -195,11 +193,9 @@ def rebuild_statistics(report_dir: str | Path, *, reps: int = BOOTSTRAP_REPS,
     per_task: list[dict[str, Any]] = []
     best_of: list[dict[str, Any]] = []
     for env, algo in tasks:
-        stats = task_statistics(rows, env, algo, labels, reference, reps=reps)
-        if stats:
-            against = best_of_grid(rows, env, algo, labels, spec.best_of, reps=reps) if spec.best_of else []
-            blocks[task_name(env, algo)] = task_block(env, algo, stats, reference, LATE_EVALUATIONS, reps,
-                                                      against=against, grid=spec.best_of)
+        block, stats, against = task_scores(rows, env, algo, labels, reference, spec.best_of, reps=reps)
+        if block:
+            blocks[task_name(env, algo)] = block
             per_task += stats
             best_of += against
     if not per_task:

@@ -36,7 +36,7 @@ from nitro.experiments.aggregate import (
     interval,
     plot_performance_profiles,
 )
-from nitro.experiments.stats import finite, format_ratio, paired_ratio_ci
+from nitro.experiments.stats import LATE_EVALUATIONS, finite, format_ratio, paired_ratio_ci
 
 # The scores, in the order the pre-registrations rank them; a report shows those its runs have (a
 # rounds-compared experiment has no budget, so no area under return vs spend).
@@ -65,6 +65,12 @@ def _by_seed(rows: Sequence[Mapping[str, Any]], env: str, algo: str, label: str,
     return {int(r["seed"]): float(r[metric]) for r in rows
             if (r["env"], r["algo"], r["label"]) == (env, algo, label) and r.get("status", "FINISHED") == "FINISHED"
             and finite(r.get(metric))}
+
+
+def _arm_means(rows: Sequence[Mapping[str, Any]], env: str, algo: str, labels: Sequence[str],
+               metric: str) -> dict[str, float]:
+    """{label: mean over its seeds} of the arms among ``labels`` with finished runs that have the metric."""
+    return {lab: float(np.mean(list(s.values()))) for lab in labels if (s := _by_seed(rows, env, algo, lab, metric))}
 
 
 def _vector(scores: Mapping[int, float]) -> np.ndarray:
@@ -106,7 +112,7 @@ def best_of_grid(rows: Sequence[Mapping[str, Any]], env: str, algo: str, labels:
     the per-seed ratios, and P(arm > best) on those seeds (rliable)."""
     out = []
     for metric, _ in metrics_of(rows):
-        means = {g: float(np.mean(list(s.values()))) for g in grid if (s := _by_seed(rows, env, algo, g, metric))}
+        means = _arm_means(rows, env, algo, grid, metric)
         if not means:
             continue
         best = max(means, key=lambda g: means[g])
@@ -132,8 +138,7 @@ def normalisation(rows: Sequence[Mapping[str, Any]], env: str, algo: str, labels
     cannot be normalised (no round-0 evaluation, or no arm's mean above the start)."""
     task = [r for r in rows if (r["env"], r["algo"]) == (env, algo)]
     starts = [float(r["start_return"]) for r in task if finite(r.get("start_return"))]
-    means = {lab: float(np.mean(list(s.values()))) for lab in labels
-             if (s := _by_seed(rows, env, algo, lab, metric))}
+    means = _arm_means(rows, env, algo, labels, metric)
     if not starts or not means:
         return {"reason": "no round-0 evaluation" if means else "no finished run"}
     start = float(np.mean(starts))
@@ -277,6 +282,18 @@ def task_block(env: str, algo: str, stats: Sequence[Mapping[str, Any]], referenc
     if against:
         lines += format_best_of(against, grid, reps)
     return statistics_block(task_name(env, algo), lines)
+
+
+def task_scores(rows: Sequence[Mapping[str, Any]], env: str, algo: str, labels: Sequence[str], reference: str,
+                grid: Sequence[str], *, reps: int = BOOTSTRAP_REPS
+                ) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """One task's statistics block (README lines), its ``task_statistics`` and, where ``grid`` names
+    one, its ``best_of_grid`` records; all empty where no arm finished a run on the task."""
+    stats = task_statistics(rows, env, algo, labels, reference, reps=reps)
+    if not stats:
+        return [], [], []
+    against = best_of_grid(rows, env, algo, labels, grid, reps=reps) if grid else []
+    return task_block(env, algo, stats, reference, LATE_EVALUATIONS, reps, against=against, grid=grid), stats, against
 
 
 def across_section(rows: Sequence[Mapping[str, Any]], tasks: Sequence[tuple[str, str]], labels: Sequence[str],
