@@ -165,7 +165,10 @@ def test_budget_cap_against_the_ledger():
     fixed = ledger.round_fixed_cost(learner_seconds=36)  # 0.0068
     assert fixed == Decimal("0.0068")
     # 0.0069 - 0.0068 = 0.0001 pays for 5 actors (5 x 0.0000168667 = 0.0000843335), not 6
-    cost = lambda n: fixed + n * per_actor  # noqa: E731
+
+    def cost(n: int) -> Decimal:
+        return fixed + n * per_actor
+
     assert largest_affordable(64, Decimal("0.0069"), cost) == 5
     assert largest_affordable(64, Decimal("0.0069"), cost, min_actors=8) == 0  # stop
 
