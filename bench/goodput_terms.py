@@ -111,8 +111,9 @@ def task_terms(env: str, rows: list[dict[str, Any]], rounds: dict[str, list[dict
             c0_fit, c1_fit = fit[-1]["goodput/c0_usd"], fit[-1]["goodput/c1_usd"]
             n = np.array(sorted(grid), dtype=float)
             c1_grid, c0_grid = (float(v) for v in np.polyfit(n, [grid[int(k)] for k in n], 1))
-            best = (math.sqrt(run_phi * c0_grid / (c1_grid / steps)) / steps
-                    if finite(run_phi) and c0_grid > 0 and c1_grid > 0 else math.nan)
+            # no fixed cost (a line through or below the origin): no count beats the smallest
+            best = (math.sqrt(run_phi * max(c0_grid, 0.0) / (c1_grid / steps)) / steps
+                    if finite(run_phi) and c1_grid > 0 else math.nan)
             own.append({"seed": seed, "grid_c0_usd": c0_grid, "grid_c1_usd": c1_grid, "fit_c0_usd": c0_fit,
                         "fit_c1_usd": c1_fit, "phi": run_phi,
                         "model_best_actors_on_grid_line": min(max(best, min(counts.values())), max(counts.values()))
