@@ -19,8 +19,9 @@ and the rounds file, as ``nitro experiment`` wrote them) and per task prints and
   ratio is below what any phi gives (phi = 0: a bigger round's samples help as much as a smaller
   one's, so C(n0) N / (C(N) n0) is the model's floor) or above its ceiling (C(n0) / C(N));
 - **the choice**: goodput's mean actors per round, its share of rounds above I_min; and the count
-  the model would choose at the measured phi with the grid's own line (B* = sqrt(phi c0 / c1) in
-  samples, clipped to the grid), per seed with a fit.
+  goodput's own decision (``nitro.scaling.goodput.choose_count``) would choose at the measured phi
+  with the grid's own line, among the grid's range of counts, per seed with a fit (near
+  B* = sqrt(phi c0 / c1) in samples, c1 per sample; the smallest count where c0 is not positive).
 
 The model reads phi only through goodput's runs (their rounds keep ``goodput/*`` from the report of
 2026-11-29 on; earlier cells' reports did not keep them), so a task without such a run has the
@@ -48,7 +49,9 @@ from nitro.experiments.report import json_safe
 from nitro.experiments.restats import read_runs, read_spec
 from nitro.experiments.rounds import read_rounds
 from nitro.experiments.stats import finite, format_ratio, paired_ratio_ci, round_costs
+from nitro.scaling.goodput import choose_count
 from nitro.scaling.noise import efficiency
+from nitro.scaling.prices import Line
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_REPORT = ROOT / "docs" / "results" / "goodput-study"
@@ -111,13 +114,12 @@ def task_terms(env: str, rows: list[dict[str, Any]], rounds: dict[str, list[dict
             c0_fit, c1_fit = fit[-1]["goodput/c0_usd"], fit[-1]["goodput/c1_usd"]
             n = np.array(sorted(grid), dtype=float)
             c1_grid, c0_grid = (float(v) for v in np.polyfit(n, [grid[int(k)] for k in n], 1))
-            # no fixed cost (a line through or below the origin): no count beats the smallest
-            best = (math.sqrt(run_phi * max(c0_grid, 0.0) / (c1_grid / steps)) / steps
-                    if finite(run_phi) and c1_grid > 0 else math.nan)
+            lo, hi = min(counts.values()), max(counts.values())
+            best = (choose_count(lo, run_phi, steps, Line(c0_grid, c1_grid), lo, hi, switch_gain=0.0).best
+                    if finite(run_phi) else math.nan)
             own.append({"seed": seed, "grid_c0_usd": c0_grid, "grid_c1_usd": c1_grid, "fit_c0_usd": c0_fit,
                         "fit_c1_usd": c1_fit, "phi": run_phi,
-                        "model_best_actors_on_grid_line": min(max(best, min(counts.values())), max(counts.values()))
-                        if finite(best) else math.nan,
+                        "model_best_actors_on_grid_line": best,
                         "fitted_over_measured": {int(k): (c0_fit + c1_fit * k) / grid[int(k)] for k in n}})
     c0 = _median([o["fit_c0_usd"] for o in own])
     c1 = _median([o["fit_c1_usd"] for o in own])
