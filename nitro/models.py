@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -348,3 +350,19 @@ def build_critic(spec: EnvSpec, seed: int | None = None, arch: Architecture = Ar
     if seed is not None:
         torch.manual_seed(seed + 1)
     return Critic(spec, arch)
+
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def holding(build: Callable[[], M], state: Mapping[str, torch.Tensor]) -> M:
+    """The module ``build()`` makes, holding ``state`` (every parameter and buffer, strictly): built
+    on the meta device and handed the state's tensors, so no initialisation is computed only to be
+    overwritten. For a decoded snapshot that initialisation was most of the work: Hopper's policy
+    and critic took 4.0 ms to build (orthogonal init) and 0.5 ms to load."""
+    with torch.device("meta"):
+        module = build()
+    module.load_state_dict(state, strict=True, assign=True)
+    if left := [name for name, t in (*module.named_parameters(), *module.named_buffers()) if t.is_meta]:
+        raise ValueError(f"state leaves {left[:3]} without values")
+    return module

@@ -98,6 +98,19 @@ def test_snapshot_round_trip_keeps_networks_and_settings():
     obs = torch.randn(5, *spec.obs_shape)
     assert torch.equal(snap.policy.distribution(obs).mean, policy.distribution(obs).mean)
     assert torch.equal(snap.critic(snap.policy.features(obs)), critic(policy.features(obs)))
+    # decoded without an initialisation to overwrite (nitro.models.holding): every parameter trains
+    dist = snap.policy.distribution(obs)
+    (dist.log_prob(dist.mean.detach()).sum() + snap.critic(snap.policy.features(obs)).sum()).backward()
+    assert all(p.grad is not None for p in (*snap.policy.parameters(), *snap.critic.parameters()))
+
+
+def test_a_snapshot_missing_a_tensor_is_refused_by_name():
+    spec = env_spec("Pendulum-v1")
+    policy, critic = build_policy(spec, 1, ARCH), build_critic(spec, 1, ARCH)
+    del policy.log_std  # the snapshot then carries no policy.log_std
+    payload = snapshot_payload(policy, critic, env_id=spec.env_id, version=7, arch=ARCH, settings=SETTINGS)
+    with pytest.raises(RuntimeError, match="log_std"):
+        load_snapshot(payload, spec)
 
 
 def gradient_job_and_expected(redis_url, redis_client, run_id: str):

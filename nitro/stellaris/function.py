@@ -77,14 +77,13 @@ def _behaviour_policy(state: ActorState, cache: Any, key: str, spec: Any, kept: 
     import torch
 
     from nitro.actors.worker import WEIGHTS_FORMAT
-    from nitro.models import Architecture, build_policy
+    from nitro.models import Architecture, build_policy, holding
     from nitro.serialization import loads_tensors
 
     def load(payload: bytes) -> Any:
         arrays, meta = loads_tensors(payload, expect_format=WEIGHTS_FORMAT)
-        policy = build_policy(spec, arch=Architecture.from_meta(meta.get("arch")))
-        policy.load_state_dict({k: torch.as_tensor(v) for k, v in arrays.items()})
-        return policy
+        arch = Architecture.from_meta(meta.get("arch"))
+        return holding(lambda: build_policy(spec, arch=arch), {k: torch.as_tensor(v) for k, v in arrays.items()})
 
     def decode() -> Any:
         payload = profile.timed("fetch_s", lambda: cache.fetch_weights(key))

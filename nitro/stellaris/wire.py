@@ -19,7 +19,7 @@ import torch
 
 from nitro.envs import EnvSpec
 from nitro.learners import Gradients
-from nitro.models import Architecture, Critic, Policy, build_critic, build_policy
+from nitro.models import Architecture, Critic, Policy, build_critic, build_policy, holding
 from nitro.serialization import SerializationError, dumps_tensors, loads_tensors
 from nitro.stellaris.gradient import LossSettings
 from nitro.stellaris.jobs import GRADIENT_FORMAT, SNAPSHOT_FORMAT
@@ -52,10 +52,12 @@ def load_snapshot(payload: bytes, spec: EnvSpec) -> Snapshot:
     if meta.get("env_id") != spec.env_id:
         raise SerializationError(f"snapshot is for env {meta.get('env_id')!r}, not {spec.env_id!r}")
     arch = Architecture.from_meta(meta.get("arch"))
-    policy, critic = build_policy(spec, arch=arch), build_critic(spec, arch=arch)
-    for prefix, module in (("policy.", policy), ("critic.", critic)):
-        state = {k[len(prefix):]: torch.as_tensor(v) for k, v in arrays.items() if k.startswith(prefix)}
-        module.load_state_dict(state)
+
+    def state(prefix: str) -> dict[str, torch.Tensor]:
+        return {k[len(prefix):]: torch.as_tensor(v) for k, v in arrays.items() if k.startswith(prefix)}
+
+    policy = holding(lambda: build_policy(spec, arch=arch), state("policy."))
+    critic = holding(lambda: build_critic(spec, arch=arch), state("critic."))
     settings = LossSettings.from_meta(json.loads(meta["settings"]))
     return Snapshot(int(json.loads(meta["version"])), policy, critic, settings)
 
