@@ -19,7 +19,7 @@ from nitro.envs import env_spec
 from nitro.learners.gradients import parameter_names
 from nitro.learners.ppo import PPOLearner
 from nitro.learners.truncation import truncated_ratio
-from nitro.models import Architecture, build_critic, build_policy
+from nitro.models import Architecture, build_critic, build_policy, holding
 from nitro.serialization import dumps_tensors, loads_tensors
 from nitro.stellaris.gradient import LossSettings, slice_gradient, slice_rows
 from nitro.stellaris.wire import GradientError, check_gradient, gradient_payload, load_snapshot, snapshot_payload
@@ -111,6 +111,17 @@ def test_a_snapshot_missing_a_tensor_is_refused_by_name():
     payload = snapshot_payload(policy, critic, env_id=spec.env_id, version=7, arch=ARCH, settings=SETTINGS)
     with pytest.raises(RuntimeError, match="log_std"):
         load_snapshot(payload, spec)
+
+
+def test_holding_names_a_buffer_no_state_can_fill():
+    class Scaled(torch.nn.Module):  # a buffer outside the state dict stays on the meta device
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 2)
+            self.register_buffer("scale", torch.ones(2), persistent=False)
+
+    with pytest.raises(ValueError, match="scale"):
+        holding(Scaled, Scaled().state_dict())
 
 
 def gradient_job_and_expected(redis_url, redis_client, run_id: str):
