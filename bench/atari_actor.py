@@ -316,9 +316,9 @@ def main() -> None:
 
     config = NitroConfig.load({"env_id": env_ids[0], "seed": 0})
     batches = batches_for(config, actors)
-    learner = time_device(config, batches, "cpu", config.learner_threads, learner_repeats)
+    learner = time_device(config, batches, "cpu", config.torch_threads(), learner_repeats)
     torch.set_num_threads(1)
-    print(f"learner ({config.learner_threads} thread(s)): update of {learner['samples']} samples in "
+    print(f"learner ({config.torch_threads()} thread(s)): update of {learner['samples']} samples in "
           f"{learner['update_s_median']:.3f} s = {learner['samples_per_s']:.0f} samples/s", flush=True)
 
     result = {
@@ -331,7 +331,7 @@ def main() -> None:
         "p2_ratio": {env_id: {e: row["p2_ratio"] for e, row in r["actor"].items()} for env_id, r in results.items()},
         "games": results,
         "learner": {**learner, "actors": actors, "steps_per_actor": config.steps_per_actor,
-                    "envs_per_actor": config.envs_per_actor, "learner_threads": config.learner_threads},
+                    "envs_per_actor": config.envs_per_actor, "learner_threads": config.torch_threads()},
         "envpool": "installed" if util.find_spec("envpool") else "not installed here (not measured)",
         "wall_s": round(time.perf_counter() - started, 1),
         "notes": "env steps are agent steps of 4 frames; all on one core (torch 1 thread, OMP_NUM_THREADS=1); "

@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--actors", type=int, default=8)
     parser.add_argument("--gpu-repeats", type=int, default=3)
     parser.add_argument("--cpu-repeats", type=int, default=1)
-    parser.add_argument("--cpu-threads", default="learner,all", help="'learner' (config.learner_threads), 'all' "
+    parser.add_argument("--cpu-threads", default="learner,all", help="'learner' (config.torch_threads()), 'all' "
                         "(every core), or both comma-separated")
     parser.add_argument("--envs", default=",".join(ENVS))
     parser.add_argument("--out", type=Path, default=None)
@@ -161,7 +161,7 @@ def main() -> None:
               f"{time.perf_counter() - t0:.1f} s", flush=True)
         for device in devices:
             thread_counts = [1] if device == "cuda" else sorted({
-                config.learner_threads if t == "learner" else os.cpu_count() or 1
+                config.torch_threads() if t == "learner" else os.cpu_count() or 1
                 for t in args.cpu_threads.split(",")})
             for threads in thread_counts:
                 repeats = args.gpu_repeats if device == "cuda" else args.cpu_repeats

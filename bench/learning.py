@@ -96,7 +96,7 @@ def sb3_run(env_id: str, seed: int, checkpoints: list[int], threads: int = 1) ->
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-    torch.set_num_threads(threads)  # as many as Nitro's learner (learner_threads)
+    torch.set_num_threads(threads)  # as many as Nitro's learner (NitroConfig.torch_threads)
     venv = VecNormalize(DummyVecEnv([lambda: gym.make(env_id)]), gamma=0.99)
     model = PPO("MlpPolicy", venv, seed=seed, device="cpu", verbose=0)
     eval_env = gym.make(env_id)
@@ -286,7 +286,7 @@ def main() -> None:
                   + evaluations(run), flush=True)
             if not args.no_sb3:
                 checkpoints = [e["trained_steps"] for e in run["evals"] if e["trained_steps"] > 0]
-                ref = {"seed": seed, **sb3_run(env_id, seed, checkpoints, config.learner_threads)}
+                ref = {"seed": seed, **sb3_run(env_id, seed, checkpoints, config.torch_threads())}
                 sb3_runs.append(ref)
                 print(f"sb3   {env_id} seed {seed}: {ref['env_steps']} steps in {ref['wall_s']} s, evaluations "
                       + evaluations(ref), flush=True)

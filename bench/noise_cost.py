@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "noise_cost.json")
     args = parser.parse_args()
     config = NitroConfig.load({"env_id": args.env, "scaler": {"name": "goodput"}})
-    torch.set_num_threads(config.learner_threads)
+    torch.set_num_threads(config.torch_threads())
     load_before = os.getloadavg()
     rows = []
     for n in (int(a) for a in args.actors.split(",")):

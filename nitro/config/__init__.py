@@ -266,9 +266,16 @@ class NitroConfig(_Section):
         "steps_per_actor / envs_per_actor steps (other envs: one per actor)"))
     round_deadline_s: float = Field(600.0, gt=0, description="how long the learner waits for a round's actors")
     device: str = "cpu"
-    learner_threads: int = Field(
-        1, ge=1, description="torch threads of the learner: a 2x256 MLP gains nothing from more, and OpenMP "
-        "spin-waiting made an update 40x slower when actor processes shared the cores (measured here)")
+    learner_threads: int | None = Field(
+        None, ge=1, description="torch threads of the learner. None: 2 (at most the machine's cores, or "
+        "OMP_NUM_THREADS where set) where the "
+        "actors wait for the update (PPO's synchronous round), where a compiled update of the 2x256 MLPs took "
+        "0.7x one thread's time; 1 where actor processes run beside the learner (IMPACT, Stellaris's parameter "
+        "server), since OpenMP spin-waiting made an update 40x slower when they shared the cores (measured here)")
+    learner_compile: bool | Literal["auto"] = Field(
+        "auto", description="PPO's minibatch loss through torch.compile (nitro/learners/compiled.py): a step in "
+        "two thirds of eager PyTorch's time on the 2x256 MLPs, for a first compile of seconds; auto: compile a run "
+        "of at least 100 rounds, which earns that back; false: eager PyTorch, as is a compile that fails")
     home: Path = Field(Path(".nitro"), description="checkpoints, local Redis data, default MLflow store")
     model: ModelConfig = Field(default_factory=ModelConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)
@@ -307,6 +314,15 @@ class NitroConfig(_Section):
             raise ValueError(f"backend.ray.address={self.backend.ray.address!r} needs redis.url: the nodes of a "
                              "Ray cluster cannot reach the run's own Redis, which listens on loopback only")
         return self
+
+    def torch_threads(self) -> int:
+        """The learner's torch threads: ``learner_threads``, or its default (see the field)."""
+        if self.learner_threads is not None:
+            return self.learner_threads
+        if self.algo != "ppo" or self.learner.mode != "sync":
+            return 1
+        limit = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+        return max(1, min(2, int(limit) if limit.isdigit() else os.cpu_count() or 1))
 
     # -- loading ---------------------------------------------------------------------------
 

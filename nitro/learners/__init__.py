@@ -16,6 +16,7 @@ import torch
 
 from nitro.config import NitroConfig
 from nitro.envs import env_spec
+from nitro.learners.compiled import when_to_compile
 from nitro.learners.contract import Batch, GradientLearner, Learner, OffPolicyLearner, Progress, UpdateResult
 from nitro.learners.gradients import Gradients
 from nitro.learners.impact import ImpactLearner
@@ -29,7 +30,7 @@ def make_learner(config: NitroConfig) -> Learner:
               "noise_scale": config.scaler.name == "kungfu", "fragment_noise": config.scaler.measures_noise}
     if config.algo == "impact":
         return ImpactLearner(spec, config.impact, **common)
-    return PPOLearner(spec, config.ppo, **common)
+    return PPOLearner(spec, config.ppo, compile_loss=when_to_compile(config.learner_compile, config.rounds), **common)
 
 
 def learner_device(name: str) -> torch.device:

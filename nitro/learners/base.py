@@ -36,7 +36,7 @@ from nitro.learners.checkpoint import (
 )
 from nitro.learners.contract import Batch, Progress, UpdateResult
 from nitro.learners.distributions import DistParams, forward_dist_params
-from nitro.learners.gradients import Gradients, gradients_of, parameter_names, weighted_mean
+from nitro.learners.gradients import Gradients, clipped, gradients_of, parameter_names, weighted_mean
 from nitro.learners.objective import adapt_kl_coef, whole_batch_kl
 from nitro.learners.sgd import gradient_noise_scale, minibatch_count, minibatch_indices
 from nitro.learners.statistics import RunningMeanStd, merge_round_statistics
@@ -159,9 +159,15 @@ class ActorCriticLearner(Generic[BatchT]):
         mean, lr_factor = weighted_mean(gradients, [1.0] * len(gradients) if weights is None else weights)
         named = self.parameter_names()
         for name, p in named.items():
-            p.grad = mean[name].to(p.device, p.dtype).clone() if name in mean else None
-        norms = (nn.utils.clip_grad_norm_(self.policy_parameters(), self.cfg.max_grad_norm),
-                 nn.utils.clip_grad_norm_(list(self.critic.parameters()), self.cfg.max_grad_norm))
+            if name not in mean:
+                p.grad = None  # a parameter this loss did not reach: Adam leaves it and its moments alone
+        norms = []
+        for network in ("policy.", "critic."):
+            group = [(p, mean[name]) for name, p in named.items() if name.startswith(network) and name in mean]
+            scaled, norm = clipped([grad.to(p.device, p.dtype) for p, grad in group], self.cfg.max_grad_norm)
+            for (p, _), grad in zip(group, scaled):
+                p.grad = grad
+            norms.append(norm)
         took = all(torch.isfinite(n) for n in norms)
         if took:
             rates = [g["lr"] for g in self.optimizer.param_groups]
@@ -194,7 +200,7 @@ class ActorCriticLearner(Generic[BatchT]):
 
         (1) the gradient noise scale of ``policy_loss(minibatch)`` at the pre-update parameters
         (NaN unless ``self.noise_scale``), (2) ``epochs`` passes of shuffled minibatches, each one
-        ``clipped_step`` on ``total_loss(minibatch)``, none started after ``deadline``, (3) the
+        ``minibatch_gradients`` then ``apply_gradients``, none started after ``deadline``, (3) the
         whole-batch KL of the final policy against the batch's anchor -> adaptive KL coefficient.
         The minibatch order is reproducible from (seed, update count), independent of torch's
         global RNG. Leaves no ``.grad`` behind (for the detector's autograd) and counts the update."""

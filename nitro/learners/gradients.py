@@ -76,3 +76,12 @@ def weighted_mean(gradients: Sequence[Gradients], weights: Sequence[float]) -> t
         assert acc is not None  # the name came from some gradient
         mean[name] = acc
     return mean, total / samples
+
+
+def clipped(tensors: Sequence[torch.Tensor], max_norm: float) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(the tensors scaled to a joint L2 norm of at most ``max_norm``, their joint norm before): the
+    scaling ``nn.utils.clip_grad_norm_`` applies to ``.grad`` in place, made into new tensors, so
+    that a gradient a caller still holds is never rescaled under it (and none is copied first)."""
+    norm = nn.utils.get_total_norm(tensors)
+    scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    return [t * scale for t in tensors], norm

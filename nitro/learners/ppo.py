@@ -19,8 +19,10 @@ import torch
 from torch.distributions import Distribution
 
 from nitro.config import PPOConfig
+from nitro.envs import EnvSpec
 from nitro.learners.arrays import ArrayLike, as_indices
 from nitro.learners.base import ActorCriticLearner, with_diagnostics
+from nitro.learners.compiled import CompiledOrEager
 from nitro.learners.contract import Batch, Progress, UpdateResult
 from nitro.learners.distributions import DistParams, forward_dist_params
 from nitro.learners.fragments import fragment_norms, fragment_rows
@@ -130,21 +132,31 @@ def ppo_loss(
     return policy_loss + vf_coef * vf, {**terms, "vf_loss": vf.detach()}
 
 
-def ppo_gradients(policy: Policy, critic: Critic, data: PPOBatch, rows: torch.Tensor, *, clip: float,
-                  kl_coef: float, vf_clip: float, vf_coef: float, entropy_coef: float,
-                  live: Sequence[Policy] | None = None, is_ratio: float = 1.0) -> Gradients:
-    """The gradients of ``ppo_loss`` on ``rows`` of a prepared batch at (``policy``, ``critic``):
-    what ``PPOLearner.compute_gradients`` computes at its own networks and a learner function at
-    its snapshot's. ``live`` (Stellaris): the other live versions, whose ratios truncate this one's."""
+def ppo_minibatch_loss(policy: Policy, critic: Critic, data: PPOBatch, rows: torch.Tensor, *, clip: float,
+                       kl_coef: float, vf_clip: float, vf_coef: float, entropy_coef: float,
+                       live: Sequence[Policy] | None = None,
+                       is_ratio: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``ppo_loss`` on ``rows`` of a prepared batch at (``policy``, ``critic``): the function a
+    learner may compile (``compiled.CompiledOrEager``). ``live`` (Stellaris): the other live
+    versions, whose ratios truncate this one's."""
     mb = ppo_minibatch(data, rows)
     feats = policy.features(mb.obs)  # shared by the policy and the critic
     live_logps = None
     if live is not None:
         with torch.no_grad():
             live_logps = [other.distribution(mb.obs).log_prob(mb.actions) for other in live]
-    total, terms = ppo_loss(policy.distribution_from_features(feats), critic(feats), mb, clip=clip, kl_coef=kl_coef,
-                            vf_clip=vf_clip, vf_coef=vf_coef, entropy_coef=entropy_coef, live_logps=live_logps,
-                            is_ratio=is_ratio)
+    return ppo_loss(policy.distribution_from_features(feats), critic(feats), mb, clip=clip, kl_coef=kl_coef,
+                    vf_clip=vf_clip, vf_coef=vf_coef, entropy_coef=entropy_coef, live_logps=live_logps,
+                    is_ratio=is_ratio)
+
+
+def ppo_gradients(policy: Policy, critic: Critic, data: PPOBatch, rows: torch.Tensor, *, clip: float,
+                  kl_coef: float, vf_clip: float, vf_coef: float, entropy_coef: float,
+                  live: Sequence[Policy] | None = None, is_ratio: float = 1.0) -> Gradients:
+    """The gradients of ``ppo_minibatch_loss``: what a learner function computes at its
+    snapshot's networks (``PPOLearner.compute_gradients`` the same at the learner's own)."""
+    total, terms = ppo_minibatch_loss(policy, critic, data, rows, clip=clip, kl_coef=kl_coef, vf_clip=vf_clip,
+                                      vf_coef=vf_coef, entropy_coef=entropy_coef, live=live, is_ratio=is_ratio)
     return gradients_of(total, terms, parameter_names(policy, critic), len(rows))
 
 
@@ -214,6 +226,13 @@ class PPOLearner(ActorCriticLearner[PPOBatch]):
     name = "ppo"
     cfg: PPOConfig
 
+    def __init__(self, spec: EnvSpec, cfg: PPOConfig, seed: int, *, compile_loss: bool = False, **common: Any):
+        """``ActorCriticLearner``'s arguments; ``compile_loss``: the minibatch loss through
+        ``torch.compile`` (``compiled.CompiledOrEager``), else eager PyTorch."""
+        super().__init__(spec, cfg, seed, **common)
+        self.minibatch_loss: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] = (
+            CompiledOrEager(ppo_minibatch_loss) if compile_loss else ppo_minibatch_loss)
+
     def _minibatch_count(self, n: int) -> int:
         """``cfg.minibatches`` when set (constant Adam steps per update), else n / minibatch_size."""
         return minibatch_count(n, self.cfg.minibatch_size, self.cfg.minibatches)
@@ -235,10 +254,12 @@ class PPOLearner(ActorCriticLearner[PPOBatch]):
             self.set_learning_rate(lr * progress.lr_gain)
 
     def compute_gradients(self, data: PPOBatch, rows: torch.Tensor) -> Gradients:
-        """``ppo_gradients`` on ``rows`` of ``data`` at this learner's networks and coefficients."""
+        """The gradients of ``ppo_minibatch_loss`` on ``rows`` of ``data`` at this learner's networks
+        and coefficients (compiled or not, as the learner was made)."""
         cfg = self.cfg
-        return ppo_gradients(self.policy, self.critic, data, rows, clip=cfg.clip, kl_coef=self.kl_coef,
-                             vf_clip=cfg.vf_clip, vf_coef=cfg.vf_coef, entropy_coef=cfg.entropy_coef)
+        total, terms = self.minibatch_loss(self.policy, self.critic, data, rows, clip=cfg.clip, kl_coef=self.kl_coef,
+                                           vf_clip=cfg.vf_clip, vf_coef=cfg.vf_coef, entropy_coef=cfg.entropy_coef)
+        return gradients_of(total, terms, self.parameter_names(), len(rows))
 
     def update(self, batches: Sequence[Batch], *, progress: Progress | None = None,
                deadline: float | None = None) -> UpdateResult:

@@ -1,17 +1,15 @@
-"""One SGD step's ingredients, the learning-rate schedule, and the gradient noise scale.
+"""The minibatches of an update, the learning-rate schedule, and the gradient noise scale.
 
-The step guards the optimiser: a minibatch whose loss or gradient is not finite is not stepped on,
-because once Adam has taken a NaN gradient its weights and moments are NaN for good. The gradient
-noise scale (McCandlish et al. 2018's B_simple) is what the kungfu scaler reads.
-"""
+The gradient noise scale (McCandlish et al. 2018's B_simple) is what the kungfu scaler reads. An
+SGD step itself is ``ActorCriticLearner.apply_gradients`` (nitro/learners/base.py), which refuses a
+non-finite loss or gradient: once Adam has taken a NaN its weights and moments are NaN for good."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 
 def normalise_advantages(adv: torch.Tensor) -> torch.Tensor:
@@ -33,35 +31,6 @@ def minibatch_indices(n: int, n_minibatches: int, rng: np.random.Generator,
     most one, so no runt minibatch of 1 sample, whose advantage normalisation would be meaningless)."""
     perm = torch.as_tensor(rng.permutation(n), device=device)
     return list(torch.tensor_split(perm, n_minibatches))
-
-
-def clipped_step(
-    optimizer: torch.optim.Optimizer, total: torch.Tensor, policy_params: Sequence[nn.Parameter],
-    critic_params: Sequence[nn.Parameter], max_grad_norm: float,
-) -> bool:
-    """One optimizer step on ``total``; False (and no step) when the loss or a gradient is not
-    finite. The check comes before the step: once Adam has taken a NaN gradient, the weights
-    and its moments are NaN for good. The policy's and the critic's gradients are clipped
-    separately: the critic's gradient (large while returns are being learnt) must not shrink the
-    policy's step through a shared global norm."""
-    optimizer.zero_grad(set_to_none=True)
-    if not torch.isfinite(total.detach()):
-        return False
-    total.backward()
-    norms = (nn.utils.clip_grad_norm_(policy_params, max_grad_norm),
-             nn.utils.clip_grad_norm_(critic_params, max_grad_norm))
-    if not all(torch.isfinite(n) for n in norms):
-        optimizer.zero_grad(set_to_none=True)
-        return False
-    optimizer.step()
-    return True
-
-
-def accumulate(sums: dict[str, float], total: torch.Tensor, terms: Mapping[str, torch.Tensor]) -> None:
-    """Add one step's loss terms (and its total as ``loss``) to running sums, for the metrics."""
-    for k, v in terms.items():
-        sums[k] = sums.get(k, 0.0) + float(v)
-    sums["loss"] = sums.get("loss", 0.0) + float(total.detach())
 
 
 def noise_scale_from_norms(

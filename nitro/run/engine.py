@@ -92,7 +92,7 @@ class TrainingRun:
         self.actor_cache_url = actor_cache_url
         self.actor_credentials = actor_credentials or {}
         self.spec = env_spec(config.env_id)
-        torch.set_num_threads(config.learner_threads)
+        torch.set_num_threads(config.torch_threads())
         self.learner: Learner = make_learner(config)
         self.bounds = bounds_for(self.spec, config.door)
         self.behaviour = BehaviourPolicies(self.spec, config.model.architecture(), atol=config.door.logp_atol,
