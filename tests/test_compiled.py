@@ -17,7 +17,7 @@ from nitro.learners import Gradients, PPOLearner, make_learner
 from nitro.learners.compiled import AUTO_COMPILE_ROUNDS, CompiledOrEager, when_to_compile
 from nitro.learners.gradients import clipped
 from nitro.learners.objective import exact_kl
-from nitro.learners.ppo import ppo_minibatch_loss
+from nitro.learners.ppo_loss import ppo_minibatch_loss
 
 ENV = "Hopper-v5"
 CFG = PPOConfig(epochs=1, minibatch_size=64)

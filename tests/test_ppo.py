@@ -17,7 +17,7 @@ from nitro.envs import EnvSpec, env_spec, make_env
 from nitro.learners import Learner, PPOLearner, Progress
 from nitro.learners.distributions import CategoricalParams
 from nitro.learners.objective import adapt_kl_coef, entropy_bonus, kl_penalty
-from nitro.learners.ppo import (
+from nitro.learners.ppo_loss import (
     PPOMinibatch,
     clipped_surrogate,
     ppo_loss,

@@ -273,9 +273,10 @@ class NitroConfig(_Section):
         "0.7x one thread's time; 1 where actor processes run beside the learner (IMPACT, Stellaris's parameter "
         "server), since OpenMP spin-waiting made an update 40x slower when they shared the cores (measured here)")
     learner_compile: bool | Literal["auto"] = Field(
-        "auto", description="PPO's minibatch loss through torch.compile (nitro/learners/compiled.py): a step in "
-        "two thirds of eager PyTorch's time on the 2x256 MLPs, for a first compile of seconds; auto: compile a run "
-        "of at least 100 rounds, which earns that back; false: eager PyTorch, as is a compile that fails")
+        "auto", description="PPO's minibatch loss through torch.compile (nitro/learners/compiled.py): an update in "
+        "0.70-0.77x eager PyTorch's time on the 2x256 MLPs, for a first compile of about 10 s (under 2 s once "
+        "cached); auto: compile a run of at least 100 rounds, which earns that back; false: eager PyTorch, as is a "
+        "compile that fails")
     home: Path = Field(Path(".nitro"), description="checkpoints, local Redis data, default MLflow store")
     model: ModelConfig = Field(default_factory=ModelConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)

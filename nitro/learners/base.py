@@ -158,9 +158,7 @@ class ActorCriticLearner(Generic[BatchT]):
             return False
         mean, lr_factor = weighted_mean(gradients, [1.0] * len(gradients) if weights is None else weights)
         named = self.parameter_names()
-        for name, p in named.items():
-            if name not in mean:
-                p.grad = None  # a parameter this loss did not reach: Adam leaves it and its moments alone
+        self.optimizer.zero_grad(set_to_none=True)  # a parameter no gradient reached: Adam leaves it alone
         norms = []
         for network in ("policy.", "critic."):
             group = [(p, mean[name]) for name, p in named.items() if name.startswith(network) and name in mean]

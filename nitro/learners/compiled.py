@@ -25,8 +25,9 @@ log = logging.getLogger("nitro")
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# Below this many rounds ``learner_compile: auto`` stays eager. A compile of Hopper's loss took 15 s
-# the first time on a 2-core host (2 s from inductor's cache) and saves 0.1-0.2 s a round there.
+# Below this many rounds ``learner_compile: auto`` stays eager. A first compile of Hopper's loss took
+# 10.5 s on a 2-core host (1.6 s from inductor's cache) and saves about 0.14 s a round there
+# (bench/results/update_step.json): some 75 rounds to earn back a compile from nothing.
 AUTO_COMPILE_ROUNDS = 100
 
 

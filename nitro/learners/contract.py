@@ -100,7 +100,7 @@ class GradientLearner(Learner, Protocol):
     """A learner whose update splits where RLlib's Learner splits it: ``compute_gradients`` on a
     minibatch, ``apply_gradients`` of one or more of them in one optimiser step. Its synchronous
     ``update`` is the two in a loop; Stellaris computes the gradients in learner functions (at a
-    snapshot of the networks, ``ppo.ppo_gradients``) and its parameter server applies them. The
+    snapshot of the networks, ``ppo_loss.ppo_gradients``) and its parameter server applies them. The
     learner keeps its optimiser, its schedule and its statistics: nothing outside writes them."""
 
     def parameter_names(self) -> dict[str, nn.Parameter]:

@@ -1,5 +1,5 @@
 """Global importance-sampling truncation across the live policy versions (Stellaris's, which PPO's
-loss applies when it is given the live versions: ``ppo.ppo_gradients``).
+loss applies when it is given the live versions: ``ppo_loss.ppo_gradients``).
 
 A learner function computes its gradient against snapshot version v_k while other functions hold
 other versions of the policy. Each sample's importance ratio rho = pi_vk(a|s) / mu(a|s) (mu: the

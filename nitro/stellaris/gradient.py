@@ -1,10 +1,10 @@
 """What one learner function computes: the PPO gradient of one slice of one actor batch, against
 the policy and critic of one snapshot, with the ratio truncated across the live versions.
 
-The batch is prepared exactly as the synchronous learner prepares it (``ppo.prepare_batches``:
+The batch is prepared exactly as the synchronous learner prepares it (``ppo_loss.prepare_batches``:
 the snapshot's critic values, GAE within the batch, the snapshot's reward scale); the KL anchor is
 the behaviour policy, the version the actor acted with. The loss and its gradients are PPO's own
-(``ppo.ppo_gradients``, what ``PPOLearner.compute_gradients`` runs at the learner's networks), at
+(``ppo_loss.ppo_gradients``, what ``PPOLearner.compute_gradients`` runs at the learner's networks), at
 the snapshot's networks and coefficients. Pure torch, no I/O: the function
 (``nitro.stellaris.function``) and the tests call the same ``slice_gradient``.
 """
@@ -20,7 +20,7 @@ import torch
 from nitro.learners.contract import Batch
 from nitro.learners.distributions import forward_dist_params
 from nitro.learners.gradients import parameter_names
-from nitro.learners.ppo import ppo_gradients, prepare_batches
+from nitro.learners.ppo_loss import ppo_gradients, prepare_batches
 from nitro.models import Critic, Policy
 
 

@@ -266,20 +266,20 @@ class RunTracker:
         """
         step = int(round_idx)
         ts = int(time.time() * 1000)
-        values: dict[str, float] = {}
-        for key, value in metrics.items():
-            if value is None or key == SENTINEL_METRIC:
-                continue
-            try:
-                values[clean_key(key)] = float(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"metric {key!r} at round {step} is not a number: {value!r}") from None
         with self._lock:
             steps = self._logged_steps.get(run_id)
             if steps is None:
                 steps = self._logged_steps[run_id] = self._load_steps(run_id)
             if step in steps:
                 return False
+            values: dict[str, float] = {}
+            for key, value in metrics.items():
+                if value is None or key == SENTINEL_METRIC:
+                    continue
+                try:
+                    values[clean_key(key)] = float(value)
+                except (TypeError, ValueError):
+                    raise ValueError(f"metric {key!r} at round {step} is not a number: {value!r}") from None
             headline = {name: values[name] for name in HEADLINE_METRICS if name in values}
             if SCORE_METRIC in headline:
                 if math.isfinite(headline[SCORE_METRIC]):
