@@ -268,10 +268,10 @@ class NitroConfig(_Section):
     device: str = "cpu"
     learner_threads: int | None = Field(
         None, ge=1, description="torch threads of the learner. None: 2 (at most the machine's cores, or "
-        "OMP_NUM_THREADS where set) where the "
-        "actors wait for the update (PPO's synchronous round), where a compiled update of the 2x256 MLPs took "
-        "0.7x one thread's time; 1 where actor processes run beside the learner (IMPACT, Stellaris's parameter "
-        "server), since OpenMP spin-waiting made an update 40x slower when they shared the cores (measured here)")
+        "OMP_NUM_THREADS where set) where the actors wait for the update (PPO's synchronous round): a compiled "
+        "update of the 2x256 MLPs took 0.73x one thread's time; 1 where actor processes run beside the learner "
+        "(IMPACT, Stellaris's parameter server): OpenMP spin-waiting made an update 40x slower when they shared "
+        "the cores (measured here)")
     learner_compile: bool | Literal["auto"] = Field(
         "auto", description="PPO's minibatch loss through torch.compile (nitro/learners/compiled.py): an update in "
         "0.70-0.77x eager PyTorch's time on the 2x256 MLPs, for a first compile of about 10 s (under 2 s once "
