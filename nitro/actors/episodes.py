@@ -185,6 +185,12 @@ def restore_snapshot(env: gym.Env, snap: EpisodeSnapshot) -> tuple[np.ndarray, n
 
         mujoco.mj_setState(unwrapped.model, unwrapped.data, np.asarray(snap.sim_state, dtype=np.float64),
                            mujoco.mjtState.mjSTATE_INTEGRATION)
+        # The state sets positions and velocities, not what MuJoCo derives from them (body and
+        # mass-centre positions), which would stay those of the reset above: Humanoid's and Ant's
+        # next step reward their displacement from them (Humanoid's first reward after a restore
+        # was -10.6 where the episode that never left gets -0.15). mj_forward recomputes them and
+        # leaves the integration state, warm start included, as restored.
+        mujoco.mj_forward(unwrapped.model, unwrapped.data)
     else:
         from ale_py import ALEState
 
