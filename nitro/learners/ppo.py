@@ -18,8 +18,8 @@ from nitro.learners.base import ActorCriticLearner, with_diagnostics
 from nitro.learners.compiled import CompiledOrEager
 from nitro.learners.contract import Batch, Progress, UpdateResult
 from nitro.learners.fragments import fragment_norms, fragment_rows
-from nitro.learners.gradients import Gradients, gradients_of
-from nitro.learners.ppo_loss import PPOBatch, ppo_minibatch_loss, ppo_objective, prepare_batches
+from nitro.learners.gradients import Gradients
+from nitro.learners.ppo_loss import PPOBatch, ppo_gradients, ppo_minibatch_loss, ppo_objective, prepare_batches
 from nitro.learners.sgd import annealed_lr, minibatch_count
 from nitro.learners.statistics import explained_variance
 
@@ -60,12 +60,12 @@ class PPOLearner(ActorCriticLearner[PPOBatch]):
             self.set_learning_rate(lr * progress.lr_gain)
 
     def compute_gradients(self, data: PPOBatch, rows: torch.Tensor) -> Gradients:
-        """The gradients of ``ppo_minibatch_loss`` on ``rows`` of ``data`` at this learner's networks
-        and coefficients (compiled or not, as the learner was made)."""
+        """``ppo_gradients`` on ``rows`` of ``data`` at this learner's networks and coefficients,
+        through its minibatch loss (compiled or not, as the learner was made)."""
         cfg = self.cfg
-        total, terms = self.minibatch_loss(self.policy, self.critic, data, rows, clip=cfg.clip, kl_coef=self.kl_coef,
-                                           vf_clip=cfg.vf_clip, vf_coef=cfg.vf_coef, entropy_coef=cfg.entropy_coef)
-        return gradients_of(total, terms, self.parameter_names(), len(rows))
+        return ppo_gradients(self.policy, self.critic, data, rows, clip=cfg.clip, kl_coef=self.kl_coef,
+                             vf_clip=cfg.vf_clip, vf_coef=cfg.vf_coef, entropy_coef=cfg.entropy_coef,
+                             loss=self.minibatch_loss)
 
     def update(self, batches: Sequence[Batch], *, progress: Progress | None = None,
                deadline: float | None = None) -> UpdateResult:

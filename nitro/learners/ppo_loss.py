@@ -146,11 +146,13 @@ def ppo_minibatch_loss(policy: Policy, critic: Critic, data: PPOBatch, rows: tor
 
 def ppo_gradients(policy: Policy, critic: Critic, data: PPOBatch, rows: torch.Tensor, *, clip: float,
                   kl_coef: float, vf_clip: float, vf_coef: float, entropy_coef: float,
-                  live: Sequence[Policy] | None = None, is_ratio: float = 1.0) -> Gradients:
+                  live: Sequence[Policy] | None = None, is_ratio: float = 1.0,
+                  loss: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] = ppo_minibatch_loss) -> Gradients:
     """The gradients of ``ppo_minibatch_loss``: what a learner function computes at its
-    snapshot's networks (``PPOLearner.compute_gradients`` the same at the learner's own)."""
-    total, terms = ppo_minibatch_loss(policy, critic, data, rows, clip=clip, kl_coef=kl_coef, vf_clip=vf_clip,
-                                      vf_coef=vf_coef, entropy_coef=entropy_coef, live=live, is_ratio=is_ratio)
+    snapshot's networks, and ``PPOLearner.compute_gradients`` at the learner's own, through
+    ``loss`` (the same function, compiled where the learner compiles it)."""
+    total, terms = loss(policy, critic, data, rows, clip=clip, kl_coef=kl_coef, vf_clip=vf_clip,
+                        vf_coef=vf_coef, entropy_coef=entropy_coef, live=live, is_ratio=is_ratio)
     return gradients_of(total, terms, parameter_names(policy, critic), len(rows))
 
 
