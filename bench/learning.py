@@ -45,17 +45,21 @@ EVAL_EPISODES = 5
 
 
 def nitro_run(env_id: str, seed: int, args: argparse.Namespace) -> dict:
-    """One Nitro training run; returns its evaluations, wall time and steps."""
+    """One Nitro training run, as ``nitro train`` runs it (its own temporary Prefect API server,
+    started beside the run's set-up); returns its evaluations, wall time and steps."""
+    from cli.session import run_command
     from flows.training import train
+    from nitro.config import NitroConfig
     from nitro.run.rundir import RunDir
 
     home = isolated_home(f"learning-{seed}")
     run_id = f"bench-learning-{env_id.replace('/', '-').lower()}-{seed}"
-    overrides = [*run_overrides(home), "scaler.name=fixed", f"scaler.fixed_actors={args.actors}",
-                 f"eval.every_rounds={args.eval_every}", f"eval.episodes={EVAL_EPISODES}", *args.overrides]
+    overrides = [*run_overrides(home), f"env_id={env_id}", f"algo={args.algo}", f"rounds={args.rounds}", f"seed={seed}",
+                 "scaler.name=fixed", f"scaler.fixed_actors={args.actors}", f"eval.every_rounds={args.eval_every}",
+                 f"eval.episodes={EVAL_EPISODES}", *args.overrides]
+    config = NitroConfig.from_yaml(None, overrides)
     started = time.perf_counter()
-    result = asyncio.run(train(env_id=env_id, algo=args.algo, rounds=args.rounds, seed=seed, overrides=overrides,
-                               run_id=run_id))
+    result, _ = run_command(config, run_id, lambda: asyncio.run(train(overrides=overrides, run_id=run_id)))
     wall = time.perf_counter() - started
     _, state = RunDir(home, run_id).load()
     history = state["history"]

@@ -7,10 +7,12 @@
 * **Its own Prefect API.** With no ``PREFECT_API_URL`` configured, Prefect would start a temporary
   API server (a ``uvicorn`` child) that outlives a ``kill -9`` of this process and keeps using CPU.
   This starts that same server itself, as a child that the kernel stops when this process dies
-  (``nitro.processes.die_with_parent``), and points the run at it. Its database (SQLite in the
-  Prefect home) keeps the flow run after the server stops, so the run's links point at the UI of a
-  ``prefect server start`` over that same home, and the command ends by printing how to start it
-  (``serve_hint``); a link to the temporary server would be dead by then.
+  (``nitro.processes.die_with_parent``), and points the run at it. The run opens its Redis,
+  actors, learner and MLflow store while the server starts (``prefect_api``'s ``meanwhile``),
+  instead of after it. Its database (SQLite in the Prefect home) keeps the flow run after the
+  server stops, so the run's links point at the UI of a ``prefect server start`` over that same
+  home, and the command ends by printing how to start it (``serve_hint``); a link to the temporary
+  server would be dead by then.
 * **One line on failure**: ``CommandFailed`` holds it, naming the component, its URL without a
   password and the exact resume command where the failure is one of infrastructure
   (``nitro.run.failures``); any other error is one line too, pointing at the log file.
@@ -21,11 +23,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import secrets
 import shlex
 import signal
+import socket
+import subprocess
 import sys
-import types
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,30 +169,33 @@ def default_database_url(home: Path) -> str:
 
 
 @contextlib.contextmanager
-def prefect_api() -> Iterator[PrefectApi]:
+def prefect_api(meanwhile: contextlib.AbstractContextManager[object] | None = None) -> Iterator[PrefectApi]:
     """The Prefect API this command talks to: the configured one, else a temporary server that
     dies with this process (see the module docstring), with the UI links of the flow run pointing
-    at a later ``prefect server start`` over the same database."""
+    at a later ``prefect server start`` over the same database. ``meanwhile`` (the run's own
+    set-up, ``nitro.run.runtime.prepared_run``) is entered while that server starts and exited
+    before it stops: the server's imports and database migrations take seconds of one core, and
+    the run's Redis, actor processes, learner and MLflow store come up beside them."""
     from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, get_current_settings, temporary_settings
 
-    configured = PREFECT_API_URL.value()
-    if configured:
-        yield PrefectApi(configured)
-        return
-    settings = get_current_settings()
-    db = settings.server.database.connection_url
-    # `prefect server start` binds to the configured host and port (127.0.0.1:4200 by default).
-    hint = serve_hint(Path(settings.home), db.get_secret_value() if db else None, settings.server.api.host,
-                      settings.server.api.port, Path(sys.executable), Path.cwd())
-    server = _start_owned_server()
-    try:
-        with temporary_settings(updates={PREFECT_API_URL: server.api_url, PREFECT_UI_URL: hint.ui_url}):
-            try:
-                yield PrefectApi(server.api_url, hint.command)
-            finally:
-                _drain_prefect_workers()
-    finally:
-        server.stop()
+    with contextlib.ExitStack() as stack:
+        configured = PREFECT_API_URL.value()
+        if configured:
+            stack.enter_context(meanwhile or contextlib.nullcontext())
+            yield PrefectApi(configured)
+            return
+        settings = get_current_settings()
+        db = settings.server.database.connection_url
+        # `prefect server start` binds to the configured host and port (127.0.0.1:4200 by default).
+        hint = serve_hint(Path(settings.home), db.get_secret_value() if db else None, settings.server.api.host,
+                          settings.server.api.port, Path(sys.executable), Path.cwd())
+        server = TemporaryPrefectServer(Path(settings.home) / "temporary-server.log")
+        stack.callback(server.stop)
+        stack.enter_context(meanwhile or contextlib.nullcontext())
+        server.wait_until_serving(settings.server.ephemeral.startup_timeout_seconds)
+        stack.enter_context(temporary_settings(updates={PREFECT_API_URL: server.api_url, PREFECT_UI_URL: hint.ui_url}))
+        stack.callback(_drain_prefect_workers)
+        yield PrefectApi(server.api_url, hint.command)
 
 
 def _drain_prefect_workers() -> None:
@@ -203,46 +211,108 @@ def _drain_prefect_workers() -> None:
             log.debug("could not drain Prefect's %s: %s", worker.__name__, exc)
 
 
-def _start_owned_server() -> Any:
-    """Prefect's own temporary-server class, its ``uvicorn`` child started with ``die_with_parent``
-    (from the main thread, where the kernel's parent-death signal is reliable)."""
-    from prefect.server.api import server as prefect_server
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
-    class OwnedServer(prefect_server.SubprocessASGIServer):
-        def _run_uvicorn_command(self):
-            real = prefect_server.subprocess
-            shim = types.SimpleNamespace(**vars(real))
 
-            def popen(*a: Any, **kw: Any) -> Any:
-                preexec: Callable[[], object] | None = die_with_parent if on_main_thread() else None
-                return real.Popen(*a, preexec_fn=preexec, **kw)  # type: ignore[call-overload]  # forwarded as given
+def _last_error(log_path: Path) -> str:
+    """The last exception line of a log (``SomeError: why``), else its last line."""
+    lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception)\b.*:", line)]
+    return (errors or lines or ["no output"])[-1]
 
-            shim.Popen = popen
-            prefect_server.subprocess = shim  # type: ignore[assignment]  # a stand-in module for this call only
-            try:
-                return super()._run_uvicorn_command()
-            finally:
-                prefect_server.subprocess = real
 
-    server = OwnedServer()
-    try:
-        server.start()
-    except Exception as exc:
-        raise PrefectUnavailableError(f"the temporary Prefect API server did not start: {one_line(exc)}") from exc
-    return server
+def _port_taken(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+class TemporaryPrefectServer:
+    """Prefect's temporary API server: the ``uvicorn`` child that Prefect's own
+    ``SubprocessASGIServer`` runs, with its command and environment, started with
+    ``die_with_parent`` from the main thread, where the kernel's parent-death signal is reliable.
+    Prefect's class would import Prefect's whole server into this process first (2.6 s of this
+    process's core, measured here) for a child that imports it anyway; this returns at once, and
+    ``wait_until_serving`` waits for the child's health check as Prefect's ``start()`` does."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path  # the child's output: its errors, not the terminal's
+        self.port = _free_port()
+        self.process = self._launch()
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def _launch(self) -> subprocess.Popen[bytes]:
+        import prefect
+        from prefect.settings import get_current_settings
+
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+               **get_current_settings().to_environment_variables(exclude_unset=True),
+               CONSOLE_LEVEL_ENV[0]: "ERROR"}  # into its log file: why it failed, if it does
+        argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parent.parent),
+                "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                "--log-level", "error", "--lifespan", "on"]
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("ab") as output:
+                return subprocess.Popen(argv, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                        preexec_fn=die_with_parent if on_main_thread() else None)
+        except OSError as exc:
+            raise PrefectUnavailableError(f"the temporary Prefect API server did not start: {one_line(exc)}") from exc
+
+    def wait_until_serving(self, timeout_s: float) -> None:
+        """Its health check every 0.1 s until it answers. A child that lost its port to another
+        process starts again on a free one; one that failed otherwise (its database, say) is an
+        error at once, where Prefect's ``start()`` would start it again until its timeout."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=5) as client:
+            while time.monotonic() < deadline:
+                code = self.process.poll()
+                if code == 3 and _port_taken(self.port):  # uvicorn's exit code for any failed start
+                    self.port = _free_port()
+                    self.process = self._launch()
+                    continue
+                if code is not None:
+                    why = _last_error(self.log_path)
+                    raise PrefectUnavailableError(f"the temporary Prefect API server exited with code {code} before "
+                                                  f"it answered: {why} (its log: {self.log_path})")
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get(f"{self.api_url}/health").status_code == 200:
+                        return
+                time.sleep(0.1)
+        raise PrefectUnavailableError(f"the temporary Prefect API server did not answer within {timeout_s:.0f} s "
+                                      "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 def run_command(config: NitroConfig, run_id: str, fn: Callable[[], Any]) -> tuple[Any, PrefectApi]:
     """Run ``fn`` (the flow) with the run's log file and Prefect API; returns its result and that
     API. A failure becomes one ``CommandFailed`` line and its traceback goes to the log file."""
     from nitro.cache.lease import LeaseLost, RunHeld
-    from nitro.run.runtime import configured_redis_url
+    from nitro.run.runtime import configured_redis_url, prepared_run
     from nitro.tracking.tracker import default_tracking_uri
 
     with run_log(config, run_id) as log_path:
         api = None
         try:
-            with prefect_api() as api:
+            with prefect_api(meanwhile=prepared_run(config, run_id)) as api:
                 return fn(), api
         except (RunHeld, LeaseLost) as exc:  # its line already says who holds the run and what to do
             raise CommandFailed(" ".join(str(exc).split())) from None

@@ -30,7 +30,7 @@ def attach_mlflow(run_id: str) -> str:
     ctx = get_run(run_id)
     cfg = ctx.config
     ctx.lease.check()  # fenced: only the run's one writer attaches, re-logs and tags
-    tracker = RunTracker(cfg.tracking.mlflow_uri or default_tracking_uri(cfg), cfg.tracking.experiment)
+    tracker = ctx.store or RunTracker(cfg.tracking.mlflow_uri or default_tracking_uri(cfg), cfg.tracking.experiment)
     flow_run_id = runtime.flow_run.id
     mlflow_run = tracker.start_or_attach(str(flow_run_id) if flow_run_id else None, run_id, cfg,
                                          tags={**ctx.training.ledger.tags(), **ctx.training.scaler.tags()},

@@ -12,6 +12,7 @@ A test kills only processes that descend from the `nitro` process it started its
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -189,6 +190,30 @@ def _redis_of(proc: subprocess.Popen) -> psutil.Process | None:
         except psutil.NoSuchProcess:
             pass
     return None
+
+
+def test_a_prefect_database_the_temporary_server_cannot_open_ends_in_one_line_at_once(tmp_path):
+    """Its server's start failing for another reason than its port is reported with the reason
+    (Prefect's own start would try again until its 90 s timeout), and the run set up beside it
+    closes with nothing left running."""
+    env = _env(tmp_path, None)
+    env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = f"sqlite+aiosqlite:///{tmp_path}/no-such-dir/prefect.db"
+    argv = [sys.executable, "-m", "cli.main", "train", "--run-id", "no-db", *_config(tmp_path / "home")]
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: dict[int, psutil.Process] = {}  # its server, Redis and actor workers, as they come
+    names = ""
+    while proc.poll() is None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            fresh = [p for p in _descendants(proc) if p.pid not in seen]
+            seen.update((p.pid, p) for p in fresh)
+            names += "; " + _names(fresh)
+        time.sleep(0.05)
+    code, _out, err = _finish(proc, timeout_s=60)
+    line = err.strip().splitlines()[-1]
+    assert code == 1 and line.startswith("nitro: error: Prefect API failed:"), err[-3000:]
+    assert "unable to open database file" in line and "temporary-server.log" in line, line
+    assert "uvicorn" in names and "redis-server" in names, names  # the run set up beside the server's start
+    assert not [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], names
 
 
 def test_redis_dying_mid_run_ends_in_one_line_and_the_run_resumes(tmp_path, prefect_api):

@@ -242,3 +242,26 @@ def test_resume_unknown_run_exits_2(tmp_path, capsys):
     assert main(["resume", "unknown-run", "--home", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "unknown run id 'unknown-run'" in err and len(err.splitlines()) == 1
+
+
+# -- a run opened before its flow (`nitro train` opens it while its Prefect API starts) ------------
+
+
+def test_the_flow_trains_in_the_run_opened_before_it_and_leaves_it_open(prefect_api, tmp_path, redis_url):
+    from nitro.run.runtime import get_run, open_run, prepared_run
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    overrides = [*_overrides(tmp_path / "home", uri, redis_url), "rounds=1", "detector.enabled=false"]
+    config = NitroConfig.from_yaml(None, overrides)
+    with prepared_run(config, "early") as ctx:
+        assert ctx.store is not None and get_run("early") is ctx
+        with pytest.raises(RuntimeError, match="another config"), open_run(config.model_copy(update={"seed": 7}),
+                                                                             "early"):
+            pass
+        result = _train(overrides, "early")
+        assert result.rounds_done == 1 and ctx.training.next_round == 1  # trained in this context
+        assert ctx.tracker is ctx.store  # MLflow attached through the store opened before the flow
+        ctx.lease.check()  # still held: the flow left closing the run to its opener
+        assert get_run("early") is ctx
+    with pytest.raises(RuntimeError, match="not open"):
+        get_run("early")

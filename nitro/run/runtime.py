@@ -48,6 +48,7 @@ class RunContext:
     lease: RunLease
     resumed_from: int | None = None
     tracker: RunTracker | None = None  # set when the pipeline attaches MLflow
+    store: RunTracker | None = None  # the MLflow store opened by prepared_run, for attach_mlflow to use
     mlflow_run_id: str | None = None
     mlflow_tags: dict[str, str] = field(default_factory=dict)  # MLflow tags not yet logged
     mlflow_queued: bool = False  # a catch-up of the MLflow records waits in the background lane
@@ -56,6 +57,7 @@ class RunContext:
 
 
 _RUNS: dict[str, RunContext] = {}
+_PREPARED: dict[str, RunContext] = {}  # runs opened before their flow (prepared_run)
 _LOCK = threading.Lock()
 
 
@@ -146,7 +148,15 @@ def open_run(config: NitroConfig, run_id: str) -> Iterator[RunContext]:
     """Open everything a run needs; restore its latest checkpoint if there is one, and bill the
     invocations of a round that died in flight. Every process it starts (the local Redis, the
     actor workers) is stopped on exit and dies with this process if it is killed. A component
-    that fails to come up raises ``RunFailed`` (one line, with the resume command)."""
+    that fails to come up raises ``RunFailed`` (one line, with the resume command). A run that
+    ``prepared_run`` opened is yielded as it is, and stays open for it to close."""
+    with _LOCK:
+        prepared = _PREPARED.get(run_id)
+    if prepared is not None:
+        if prepared.config != config:
+            raise RuntimeError(f"run {run_id} was opened before its flow with another config than the flow's")
+        yield prepared
+        return
     stack = contextlib.ExitStack()
     with stack:
         run_dir = RunDir(config.home, run_id)
@@ -182,6 +192,24 @@ def open_run(config: NitroConfig, run_id: str) -> Iterator[RunContext]:
             _RUNS[run_id] = ctx
         stack.callback(lambda: _RUNS.pop(run_id, None))
         yield ctx
+
+
+@contextlib.contextmanager
+def prepared_run(config: NitroConfig, run_id: str) -> Iterator[RunContext]:
+    """The run opened before its flow starts, with its MLflow store: the flow's ``open_run``
+    yields this one. ``nitro train`` opens its run while Prefect's temporary API server starts
+    (``cli/session.py``), so that what the run needs comes up beside the server instead of after it."""
+    from nitro.tracking.tracker import RunTracker, default_tracking_uri
+
+    with open_run(config, run_id) as ctx:
+        ctx.store = RunTracker(config.tracking.mlflow_uri or default_tracking_uri(config), config.tracking.experiment)
+        with _LOCK:
+            _PREPARED[run_id] = ctx
+        try:
+            yield ctx
+        finally:
+            with _LOCK:
+                _PREPARED.pop(run_id, None)
 
 
 def checkpoint_run(run_dir: RunDir, round_idx: int, training: TrainingRun, lease: RunLease) -> Path:
