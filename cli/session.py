@@ -116,7 +116,8 @@ def run_log(config: NitroConfig, run_id: str) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    loggers = [logging.getLogger(), logging.getLogger("nitro")]  # the CLI's "nitro" logger does not propagate
+    nitro = logging.getLogger("nitro")  # the CLI's does not propagate to the root logger; a library caller's may
+    loggers = [logging.getLogger()] + ([] if nitro.propagate else [nitro])
     for logger in loggers:
         logger.addHandler(handler)
     try:
