@@ -113,7 +113,7 @@ def _publish_live_state(ctx: RunContext) -> None:
     if not flow_run_id:
         return
     rounds, done = ctx.config.rounds, ctx.training.next_round
-    ctx.progress_artifact_id = upsert_artifact(
+    upsert_artifact(
         flow_run_id, artifact_key("progress", ctx.run_id), "progress", 100.0 * done / rounds,
         f"Nitro run {ctx.run_id}: {done} of {rounds} rounds done")
     rows = [{key: row.get(key) for key in TABLE_COLUMNS} for row in ctx.training.history]

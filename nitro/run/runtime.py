@@ -53,7 +53,6 @@ class RunContext:
     mlflow_tags: dict[str, str] = field(default_factory=dict)  # MLflow tags not yet logged
     mlflow_queued: bool = False  # a catch-up of the MLflow records waits in the background lane
     mlflow_down: str | None = None  # why the MLflow store did not answer, while it does not
-    progress_artifact_id: Any = None  # Prefect's id of the run's progress artifact, once created
 
 
 _RUNS: dict[str, RunContext] = {}
