@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import time
@@ -267,6 +268,8 @@ def main() -> None:
                                                     "a trial of other settings writes beside the reference")
     parser.add_argument("overrides", nargs="*", help="extra config overrides for Nitro, key=value")
     args = parser.parse_args()
+    if not args.no_sb3 and importlib.util.find_spec("stable_baselines3") is None:  # before hours of Nitro's runs
+        parser.error("Stable-Baselines3 is not installed: .venv/bin/pip install -e '.[bench]' (or pass --no-sb3)")
     isolated_home("learning")
     from nitro.config import NitroConfig
 
