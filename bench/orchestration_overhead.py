@@ -48,7 +48,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -332,20 +331,16 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PrefectServer:
     """``prefect server start`` in its own PREFECT_HOME on a free port; SQLite unless ``db_url``."""
 
     def __init__(self, workdir: Path, db_url: str | None = None):
+        from nitro.cache import free_port
+
         workdir.mkdir(parents=True, exist_ok=True)
         self.home = workdir / "prefect-server-home"
         self.log = workdir / "prefect-server.log"
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/api"
         env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME")}
         env.update(PREFECT_HOME=str(self.home), PREFECT_UI_ENABLED="false", PREFECT_SERVER_LOGGING_LEVEL="WARNING")

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nitro.cache import free_port
 from nitro.config import NitroConfig
 from nitro.processes import die_with_parent, on_main_thread
 from nitro.run.failures import PrefectUnavailableError, describe_failure, one_line, resume_command
@@ -212,12 +213,6 @@ def _drain_prefect_workers() -> None:
             log.debug("could not drain Prefect's %s: %s", worker.__name__, exc)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _last_error(log_path: Path) -> str:
     """The last exception line of a log (``SomeError: why``), else its last line."""
     lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
@@ -244,7 +239,7 @@ class TemporaryPrefectServer:
 
     def __init__(self, log_path: Path) -> None:
         self.log_path = log_path  # the child's output: its errors, not the terminal's
-        self.port = _free_port()
+        self.port = free_port()
         self.process = self._launch()
 
     @property
@@ -280,7 +275,7 @@ class TemporaryPrefectServer:
             while time.monotonic() < deadline:
                 code = self.process.poll()
                 if code == 3 and _port_taken(self.port):  # uvicorn's exit code for any failed start
-                    self.port = _free_port()
+                    self.port = free_port()
                     self.process = self._launch()
                     continue
                 if code is not None:
