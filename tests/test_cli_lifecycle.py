@@ -201,18 +201,20 @@ def test_a_prefect_database_the_temporary_server_cannot_open_ends_in_one_line_at
     argv = [sys.executable, "-m", "cli.main", "train", "--run-id", "no-db", *_config(tmp_path / "home")]
     proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen: dict[int, psutil.Process] = {}  # its server, Redis and actor workers, as they come
-    names = ""
+    names: set[str] = set()
     while proc.poll() is None:
         with contextlib.suppress(psutil.NoSuchProcess):
-            fresh = [p for p in _descendants(proc) if p.pid not in seen]
-            seen.update((p.pid, p) for p in fresh)
-            names += "; " + _names(fresh)
+            children = _descendants(proc)
+            seen.update((p.pid, p) for p in children)
+            # every poll: a child caught between fork and exec still shows its parent's command line
+            names.update(_names(children).split("; "))
         time.sleep(0.05)
     code, _out, err = _finish(proc, timeout_s=60)
     line = err.strip().splitlines()[-1]
     assert code == 1 and line.startswith("nitro: error: Prefect API failed:"), err[-3000:]
     assert "unable to open database file" in line and "temporary-server.log" in line, line
-    assert "uvicorn" in names and "redis-server" in names, names  # the run set up beside the server's start
+    started = " ".join(names)
+    assert "uvicorn" in started and "redis-server" in started, names  # the run set up beside the server's start
     assert not [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], names
 
 
