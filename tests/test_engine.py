@@ -13,7 +13,7 @@ from nitro.actors.local import LocalActorPool
 from nitro.cache import TrajectoryCache, connect_redis
 from nitro.config import NitroConfig
 from nitro.learners import UpdateResult
-from nitro.run.engine import Decision, TrainingRun
+from nitro.run.engine import APPEND_ONLY, Decision, TrainingRun
 from nitro.run.interrupted import bill_interrupted_round
 from nitro.run.rundir import RunDir
 from nitro.run.stopping import STOP_BUDGET
@@ -88,15 +88,21 @@ def test_budget_is_never_exceeded_and_the_run_stops_cleanly(redis_url, pool, clo
     assert float(training.ledger.spent) == pytest.approx(sum(r.metrics["spend_round_usd"] for r in reports))
 
 
-def test_checkpoint_resume_reproduces_the_next_round(redis_url, pool, tmp_path):
+def test_checkpoint_resume_reproduces_the_next_round(redis_url, pool, tmp_path, monkeypatch):
+    monkeypatch.setattr("nitro.run.rowblocks.ROWS_PER_BLOCK", 1)  # every row of the history in a block
     kw = dict(rounds=3, round_deadline_s=30.0, scaler={"name": "fixed", "fixed_actors": 2})
     a = _training(redis_url, "eng-ckpt", **kw)
     drive(a, pool, 2)
-    RunDir(tmp_path, "eng-ckpt").save(1, a.state_dict())
+    RunDir(tmp_path, "eng-ckpt").save(1, a.state_dict(), append_only=APPEND_ONLY)
     b = _training(redis_url, "eng-ckpt", **kw)
     _, state = RunDir(tmp_path, "eng-ckpt").load()
     b.load_state_dict(state)
     assert b.next_round == 2 and b.mode.pending == a.mode.pending
+    assert len(list((tmp_path / "runs/eng-ckpt/checkpoints/rows").glob("*.copy.json"))) == 4  # 2 rounds, 2 lists
+    assert [r.keys() for r in b.history] == [r.keys() for r in a.history] and len(a.history) == 2
+    assert all(v == a_row[key] or (math.isnan(v) and math.isnan(a_row[key]))
+               for a_row, b_row in zip(a.history, b.history) for key, v in b_row.items())
+    assert b.ledger.rounds == a.ledger.rounds
     # Round 2's update on the same batches from the restored state is the same update.
     ua, ub = a.mode.update(2), b.mode.update(2)
     assert ua.samples == ub.samples == 256

@@ -265,3 +265,34 @@ def test_the_flow_trains_in_the_run_opened_before_it_and_leaves_it_open(prefect_
         assert get_run("early") is ctx
     with pytest.raises(RuntimeError, match="not open"):
         get_run("early")
+
+
+def test_the_round_table_shows_the_newest_rounds_of_a_long_run(prefect_api):
+    """A run of thousands of rounds: Prefect sends the whole table with each update, in an event of
+    at most 1.5 MB, which ~4,700 rows outgrew (the update failed the run). The table keeps the newest."""
+    import json
+    from types import SimpleNamespace
+
+    from prefect import flow, runtime
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from tasks import bookkeeping
+
+    history = [{**{column: 1234.56789 + k for column in bookkeeping.TABLE_COLUMNS}, "round": float(k),
+                "eval_return_mean": math.nan} for k in range(6000)]  # ~330 bytes a row in the table
+    ctx = SimpleNamespace(run_id="long-run", config=SimpleNamespace(rounds=10_000),
+                          training=SimpleNamespace(history=history, next_round=6000))
+
+    @flow
+    def publish() -> str:
+        bookkeeping._publish_live_state(ctx)
+        return str(runtime.flow_run.id)
+
+    publish()
+    with get_client(sync_client=True) as client:
+        (table,) = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["nitro-rounds-long-run"])), limit=1)
+    rows = json.loads(table.data)
+    assert len(rows) == bookkeeping.TABLE_ROWS and [r["round"] for r in rows] == list(range(5900, 6000))
+    assert rows[-1]["eval_return_mean"] is None and "the newest 100 are shown" in table.description

@@ -44,6 +44,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
+from functools import cached_property
 from typing import Any
 
 from nitro.config import PriceTable
@@ -97,6 +98,12 @@ class RoundCost:
             cost_requests=float(self.n_requests),
         )
         return out
+
+    @cached_property
+    def row(self) -> dict[str, Any]:
+        """``to_dict()`` made once: a checkpoint stores each round's row once, knowing it by
+        identity (nitro/run/rowblocks.py). Read it, never change it."""
+        return self.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able and exact: amounts as decimal strings."""
@@ -347,7 +354,7 @@ class CostLedger:
             "provisioned_concurrency": self.provisioned_concurrency,
             "local_actors": self.local_actors,
             "provisioned_seconds": str(self._provisioned_s),
-            "rounds": [r.to_dict() for r in self.rounds],
+            "rounds": [r.row for r in self.rounds],
             **({"vm": self.vm.state_dict()} if self.vm is not None else {}),
         }
 

@@ -81,6 +81,11 @@ class RoundReport:
     tags: dict[str, str] = field(default_factory=dict)  # MLflow tags, one line each, e.g. why a batch was dropped
 
 
+# The lists of ``TrainingRun.state_dict()`` that only grow at their end: a checkpoint stores them
+# in blocks it shares with the checkpoints before it (nitro/run/rowblocks.py).
+APPEND_ONLY = ("history", "ledger/rounds")
+
+
 class TrainingRun:
     """The learner side of one training run: its state across rounds and the steps of a round."""
 
@@ -298,6 +303,7 @@ class TrainingRun:
     # -- checkpoints ---------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        """The run's state after its last round; the lists at ``APPEND_ONLY`` only grow at their end."""
         return {
             "next_round": self.next_round,
             "env_steps_total": self.env_steps_total,

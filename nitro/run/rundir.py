@@ -5,7 +5,8 @@
     config.yaml                                the run's whole config, written when the run opens
     checkpoints/round-00007/state.json         one folder per kept round: the state as JSON with a
     checkpoints/round-00007/state.safetensors  placeholder where each tensor was, the tensors, and
-    checkpoints/round-00007/digest.json        the SHA-256 of both (and the round's evaluation return)
+    checkpoints/round-00007/digest.json        the SHA-256 of both and of its blocks (and its evaluation return)
+    checkpoints/rows/<sha256>.json             64 rows of the history or the ledger, shared (nitro.run.rowblocks)
     checkpoints/round-00005.bad                a damaged checkpoint set aside by a resume (never deleted)
     checkpoints/.round-00007.replaced          round 7's previous copy while a resume re-saves it
     inflight.json                              the invocations of the round in flight (for billing)
@@ -33,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from nitro.run.crashes import crash_point
+from nitro.run.durable import fsync_dir, sha256_of, write_bytes_durably, write_durably
+from nitro.run.rowblocks import BLOCKS_FOLDER, RowBlocks
+from nitro.run.treedata import join_tensors, split_tensors
 
 if TYPE_CHECKING:
     import torch
@@ -48,9 +50,6 @@ FENCE_FILE = "lease_token"
 LOG_FILE = "nitro.log"
 DIGEST_FILE = "digest.json"
 DIGEST_FORMAT = "nitro.checkpoint/1"
-TENSOR = "__tensor__"
-INTKEYS = "__intkeys__"
-NDARRAY = "__ndarray__"
 
 
 class CheckpointError(RuntimeError):
@@ -80,75 +79,6 @@ class CheckpointCheck:
     eval_return: float | None
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_bytes_durably(path: Path, data: bytes) -> None:
-    """``data`` at ``path``, flushed to disk (fsync) before this returns; an OSError (a full disk)
-    surfaces here with its errno."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def write_durably(path: Path, text: str) -> None:
-    """``text`` at ``path`` through a temporary file, fsync and rename: the old content or the new."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write_bytes_durably(tmp, text.encode())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def split_tensors(state: Any, tensors: dict[str, torch.Tensor], path: str = "s") -> Any:
-    """``state`` as JSON-able data, each tensor or array moved into ``tensors`` under its path."""
-    import torch  # here, not at the top: `nitro runs` and `nitro status` read checkpoints without torch
-
-    if isinstance(state, torch.Tensor):
-        tensors[path] = state.detach().cpu().contiguous()
-        return {TENSOR: path}
-    if isinstance(state, np.ndarray):
-        tensors[path] = torch.from_numpy(np.ascontiguousarray(state))
-        return {NDARRAY: path}
-    if isinstance(state, dict):
-        if state and all(isinstance(k, int) for k in state):
-            return {INTKEYS: {str(k): split_tensors(v, tensors, f"{path}/{k}") for k, v in state.items()}}
-        return {str(k): split_tensors(v, tensors, f"{path}/{k}") for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return [split_tensors(v, tensors, f"{path}/{i}") for i, v in enumerate(state)]
-    if isinstance(state, (np.integer, np.floating, np.bool_)):
-        return state.item()
-    return state
-
-
-def join_tensors(tree: Any, tensors: dict[str, torch.Tensor] | None) -> Any:
-    """Inverse of ``split_tensors``; with ``tensors`` None, each tensor's placeholder stays."""
-    if isinstance(tree, dict):
-        if set(tree) in ({TENSOR}, {NDARRAY}):
-            if tensors is None:
-                return tree
-            return tensors[tree[TENSOR]] if TENSOR in tree else tensors[tree[NDARRAY]].numpy()
-        if set(tree) == {INTKEYS}:
-            return {int(k): join_tensors(v, tensors) for k, v in tree[INTKEYS].items()}
-        return {k: join_tensors(v, tensors) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [join_tensors(v, tensors) for v in tree]
-    return tree
-
-
 class RunDir:
     """One run's folder (see the module docstring)."""
 
@@ -156,6 +86,8 @@ class RunDir:
         self.home = Path(home)
         self.run_id = run_id
         self.path = self.home / "runs" / run_id
+        self.blocks = RowBlocks(self.checkpoints / BLOCKS_FOLDER)
+        self._saved: dict[int, float | None] = {}  # round -> evaluation return, of checkpoints this writer wrote
 
     @property
     def checkpoints(self) -> Path:
@@ -194,12 +126,14 @@ class RunDir:
     # -- checkpoints --------------------------------------------------------------------------------
 
     def save(self, round_idx: int, state: dict[str, Any], token: int | None = None,
-             eval_return: float | None = None) -> Path:
+             eval_return: float | None = None, append_only: Sequence[str] = ()) -> Path:
         """Write the state of a completed round durably (the module docstring); returns its folder.
         With ``token`` (the writer's lease token, ``nitro.cache.lease``), the state records it and
         the write is refused (CheckpointError) when a writer with a higher token has written the
         run since. ``eval_return``: the round's evaluation return, which ``prune`` keeps the best
-        by. A write that fails (CheckpointWriteError) leaves no partial checkpoint behind."""
+        by. ``append_only``: the paths ("history", "ledger/rounds") of lists that only grow at
+        their end, stored in shared blocks (``nitro.run.rowblocks``). A write that fails
+        (CheckpointWriteError) leaves no partial checkpoint behind."""
         if token is not None:
             newest = self.fence_token()
             if newest > token:
@@ -217,6 +151,9 @@ class RunDir:
             tmp.mkdir()
             from safetensors.torch import save as safetensors_bytes
 
+            blocks: list[str] = []
+            for key in append_only:
+                state = self._with_blocks(state, key, blocks)
             tensors: dict[str, torch.Tensor] = {}
             tree = split_tensors(state, tensors)
             # Serialised in memory and written by Python, so a full disk is an OSError with its errno.
@@ -224,9 +161,11 @@ class RunDir:
             for name, data in files.items():
                 write_bytes_durably(tmp / name, data)
                 crash_point("mid-checkpoint", round_idx)
-            digest = {"format": DIGEST_FORMAT, "round": int(round_idx),
-                      "eval_return": eval_return if eval_return is not None and math.isfinite(eval_return) else None,
-                      "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}
+            if eval_return is not None and not math.isfinite(eval_return):
+                eval_return = None
+            digest = {"format": DIGEST_FORMAT, "round": int(round_idx), "eval_return": eval_return,
+                      "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
+                      "blocks": sorted(set(blocks))}
             write_bytes_durably(tmp / DIGEST_FILE, json.dumps(digest).encode())
             fsync_dir(tmp)
             if final.exists():
@@ -248,7 +187,20 @@ class RunDir:
         except BaseException:  # a stop (SIGTERM) mid-write leaves no temporary folder either
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        self._saved[round_idx] = eval_return
         return final
+
+    def _with_blocks(self, state: dict[str, Any], key: str, blocks: list[str]) -> dict[str, Any]:
+        """``state`` with the list at ``key`` (a path such as "ledger/rounds") stored as blocks and
+        a tail, the blocks it names added to ``blocks``; ``state`` itself is not changed."""
+        head, _, rest = key.partition("/")
+        if not isinstance(state, dict) or head not in state:
+            return state
+        if rest:
+            return {**state, head: self._with_blocks(state[head], rest, blocks)}
+        stored, names = self.blocks.seal(key, state[head])
+        blocks.extend(names)
+        return {**state, head: stored}
 
     def fence_token(self) -> int:
         """The highest lease token that has written this run's checkpoints (0: none yet)."""
@@ -292,6 +244,9 @@ class RunDir:
                 return CheckpointCheck(round_idx, path, False, f"{name}: {exc.strerror or exc}", size, None)
             if actual != expected:
                 return CheckpointCheck(round_idx, path, False, f"{name} does not match its digest", size, None)
+        for name in digest.get("blocks", []):
+            if reason := self.blocks.damage(name):
+                return CheckpointCheck(round_idx, path, False, reason, size, None)
         return CheckpointCheck(round_idx, path, True, "", size, digest.get("eval_return"))
 
     def verify(self) -> list[CheckpointCheck]:
@@ -317,11 +272,16 @@ class RunDir:
         return join_tensors(self._tree(round_idx), None)
 
     def _tree(self, round_idx: int) -> Any:
-        """Round ``round_idx``'s ``state.json`` as stored: the state with a placeholder per tensor."""
+        """Round ``round_idx``'s ``state.json`` with its blocks' rows in place: the state with a
+        placeholder per tensor."""
         path = self.round_dir(round_idx) / "state.json"
         try:
-            return json.loads(path.read_text())
+            tree = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
+            raise _unreadable(path, exc) from None
+        try:
+            return self.blocks.resolve(tree)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise _unreadable(path, exc) from None
 
     def load(self, round_idx: int | None = None) -> tuple[int, dict[str, Any]]:
@@ -370,20 +330,32 @@ class RunDir:
     def prune(self, keep_last: int, keep_best: int = 0) -> list[int]:
         """Delete the checkpoints that are neither among the newest ``keep_last`` nor among the
         ``keep_best`` with the highest evaluation return, and any temporary folder a crashed write
-        left; returns the rounds deleted. The newest is always kept: a resume needs it."""
+        left, then the blocks no checkpoint names any more; returns the rounds deleted. The newest
+        is always kept: a resume needs it. A checkpoint this writer wrote counts as whole without
+        reading it again (a resume checks every checkpoint it loads)."""
         rounds = self.rounds()
         keep = set(rounds[-max(1, keep_last):])
-        scored = [(c.eval_return, c.round) for c in map(self.check, rounds)
-                  if c.round not in keep and c.ok and c.eval_return is not None]
+        scored = [(ret, k) for k in rounds if k not in keep and (ret := self._return_if_whole(k)) is not None]
         keep |= {k for _, k in sorted(scored, reverse=True)[:keep_best]}
         deleted = [k for k in rounds if k not in keep]
+        their_blocks = self.blocks.named_by(map(self.round_dir, deleted), DIGEST_FILE)
         for k in deleted:
             shutil.rmtree(self.round_dir(k), ignore_errors=True)
+            self._saved.pop(k, None)
         mine = f".tmp-{os.getpid()}"
         for leftover in self.checkpoints.glob(".round-*.tmp-*") if self.checkpoints.is_dir() else []:
             if not leftover.name.endswith(mine):
                 shutil.rmtree(leftover, ignore_errors=True)
+        if not deleted:
+            return deleted
+        kept = [p for p in self.checkpoints.iterdir() if p.name.startswith("round-") or p.name.endswith(".replaced")]
+        if (named := self.blocks.named_by(kept, DIGEST_FILE)) is not None:
+            self.blocks.collect(named, their_blocks)
         return deleted
+
+    def _return_if_whole(self, round_idx: int) -> float | None:
+        checked = None if round_idx in self._saved else self.check(round_idx)
+        return self._saved[round_idx] if checked is None else checked.eval_return if checked.ok else None
 
     def disk_bytes(self) -> int:
         """What the run's folder holds on disk, checkpoints set aside included."""

@@ -24,7 +24,7 @@ from nitro.cache.home_server import HomeRedis
 from nitro.cache.lease import RunLease, acquire_lease
 from nitro.config import NitroConfig
 from nitro.run.crashes import crash_point
-from nitro.run.engine import TrainingRun
+from nitro.run.engine import APPEND_ONLY, TrainingRun
 from nitro.run.failures import RunFailed, one_line, resume_command
 from nitro.run.interrupted import bill_interrupted_round
 from nitro.run.rundir import RunDir
@@ -219,7 +219,8 @@ def checkpoint_run(run_dir: RunDir, round_idx: int, training: TrainingRun, lease
     one that falls back to the checkpoint before (this one damaged) needs the round before's."""
     lease.check()
     history = training.history[-1] if training.history and int(training.history[-1]["round"]) == round_idx else {}
-    path = run_dir.save(round_idx, training.state_dict(), lease.token, eval_return=history.get("eval_return_mean"))
+    path = run_dir.save(round_idx, training.state_dict(), lease.token, eval_return=history.get("eval_return_mean"),
+                        append_only=APPEND_ONLY)
     crash_point("after-checkpoint", round_idx)
     keep = training.config.checkpoint
     run_dir.prune(keep.keep_last, keep.keep_best)
