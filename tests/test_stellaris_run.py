@@ -217,7 +217,9 @@ def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_ap
     original = StellarisUpdate.run_lane
     monkeypatch.setattr(StellarisUpdate, "run_lane",
                         lambda self, plan, lane, backend: original(self, plan, lane, Faulty(self, backend)))
-    result, run, history = _train(tmp_path, "stellaris-faults", redis_url, "learner.gradient_timeout_s=3",
+    # 8 s: the hung job costs each round the whole timeout, and a healthy gradient missed 3 s once
+    # under the suite's load on a 2-core host
+    result, run, history = _train(tmp_path, "stellaris-faults", redis_url, "learner.gradient_timeout_s=8",
                                   "learner.schedule=measured", rounds=2)
     assert result.rounds_done == 2
     assert history["ppo/stellaris_gradients_lost"] == [4.0, 4.0]
@@ -226,7 +228,7 @@ def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_ap
     crash = "the function failed: gradient job failed: RuntimeError: injected crash"
     assert any(crash in v for v in reasons.values()), reasons
     assert any("dropped at the door" in v and "non-finite" in v for v in reasons.values()), reasons
-    assert any("none landed within 3 s" in v for v in reasons.values()), reasons
+    assert any("none landed within 8 s" in v for v in reasons.values()), reasons
     gone = "gradient job failed: ConnectionError: injected: the backend is gone"
     assert any(gone in v for v in reasons.values()), reasons
     assert all("\n" not in v for v in reasons.values())
