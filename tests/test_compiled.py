@@ -115,6 +115,7 @@ def test_auto_compiles_a_long_run_only():
     assert not when_to_compile("auto", AUTO_COMPILE_ROUNDS - 1)
     assert when_to_compile("auto", AUTO_COMPILE_ROUNDS)
     assert when_to_compile(True, 1) and not when_to_compile(False, 10**6)
+    assert not when_to_compile("auto", 10**6, budgeted=True) and when_to_compile(True, 1, budgeted=True)
     short = make_learner(NitroConfig.load(overrides=["rounds=5"]))
     long = make_learner(NitroConfig.load(overrides=[f"rounds={AUTO_COMPILE_ROUNDS}"]))
     assert not isinstance(short.minibatch_loss, CompiledOrEager)

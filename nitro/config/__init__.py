@@ -275,8 +275,9 @@ class NitroConfig(_Section):
     learner_compile: bool | Literal["auto"] = Field(
         "auto", description="PPO's minibatch loss through torch.compile (nitro/learners/compiled.py): an update in "
         "0.70-0.77x eager PyTorch's time on the 2x256 MLPs, for a first compile of about 10 s (under 2 s once "
-        "cached); auto: compile a run of at least 100 rounds, which earns that back; false: eager PyTorch, as is a "
-        "compile that fails")
+        "cached); auto: compile a run of at least 100 rounds, which earns that back, and no budget run (the "
+        "budget's deadline cannot stop the compile, so true on a budget may pass it); false: eager PyTorch, as is "
+        "a compile that fails")
     home: Path = Field(Path(".nitro"), description="checkpoints, local Redis data, default MLflow store")
     model: ModelConfig = Field(default_factory=ModelConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)

@@ -30,7 +30,8 @@ def make_learner(config: NitroConfig) -> Learner:
               "noise_scale": config.scaler.name == "kungfu", "fragment_noise": config.scaler.measures_noise}
     if config.algo == "impact":
         return ImpactLearner(spec, config.impact, **common)
-    return PPOLearner(spec, config.ppo, compile_loss=when_to_compile(config.learner_compile, config.rounds), **common)
+    return PPOLearner(spec, config.ppo, compile_loss=when_to_compile(config.learner_compile, config.rounds,
+                                                                         budgeted=bool(config.budget_usd)), **common)
 
 
 def learner_device(name: str) -> torch.device:
