@@ -49,7 +49,7 @@ def _bare_worker(fd: int, seed: int) -> None:
     import torch
 
     from nitro.envs import env_spec, make_env
-    from nitro.models import build_policy
+    from nitro.models.networks import build_policy
 
     torch.set_num_threads(1)
     conn = Connection(fd)
@@ -132,7 +132,7 @@ def main() -> None:
     from nitro.actors.local import LocalActorPool
     from nitro.cache import LocalRedisServer, TrajectoryCache, connect_redis
     from nitro.envs import env_spec
-    from nitro.models import build_policy
+    from nitro.models.networks import build_policy
     from nitro.serialization import dumps_tensors
 
     total = args.actors * args.steps

@@ -14,7 +14,7 @@ sticky actions 0.25 included), each repeat measures, in this order, on the same 
 * games_env: ``nitro.envs.AtariGames`` of E games stepped with random actions (the actor's env
   side alone: emulation, screens, max-pool, resize, frame stack).
 * actor: ``nitro.actors.rollout.rollout`` over E games, as a warm worker calls it: the same policy
-  object and games every invocation, weights loaded each time, each invocation of steps_per_actor
+  games every invocation, the acting policy built from the weights each time, each invocation of steps_per_actor
   steps continuing the episodes the last one left (snapshots restored and taken). Redis and
   serialisation are not in it. A second, instrumented pass (``rollout_games`` with timed games and
   CNN) splits its time into env (step, reset, snapshot restore and state), policy (the batched
@@ -66,10 +66,12 @@ import torch  # noqa: E402
 from _common import machine  # noqa: E402
 from gpu_timing import batches_for, time_device  # noqa: E402
 
-from nitro.actors.rollout import games_for, load_weights, rollout, rollout_env, rollout_games  # noqa: E402
+from nitro.actors.rollout import games_for, rollout, rollout_env, rollout_games  # noqa: E402
 from nitro.config import NitroConfig  # noqa: E402
 from nitro.envs import FRAME_SKIP, NOOP_MAX, AtariGames, env_spec, make_env  # noqa: E402
-from nitro.models import acting_policy, build_policy  # noqa: E402
+from nitro.models import Architecture  # noqa: E402
+from nitro.models.acting import acting_policy  # noqa: E402
+from nitro.models.networks import build_policy  # noqa: E402
 
 GAMES = ("Qbert", "SpaceInvaders", "Gravitar")
 P2_TARGET = 0.8
@@ -117,11 +119,10 @@ def make_env_random(env_id: str, steps: int, seed: int) -> float:
 
 def make_env_cnn(env_id: str, weights: dict[str, np.ndarray], steps: int, seed: int) -> float:
     """Env steps/s of ``rollout_env`` in ``make_env``'s env, the CNN acting on one observation at a time."""
-    policy = build_policy(env_spec(env_id))
-    load_weights(policy, weights)
+    spec = env_spec(env_id)
     env = make_env(env_id)
     start = time.perf_counter()
-    rollout_env(acting_policy(policy.eval()), env_spec(env_id), env, seed, steps)
+    rollout_env(acting_policy(spec, Architecture(), weights), spec, env, seed, steps)
     elapsed = time.perf_counter() - start
     env.close()
     return steps / elapsed
@@ -175,7 +176,6 @@ class ActorChain:
 
     def __init__(self, env_id: str, weights: dict[str, np.ndarray], n_envs: int, steps_per_actor: int):
         self.env_id, self.weights, self.n_envs, self.steps_per_actor = env_id, weights, n_envs, steps_per_actor
-        self.policy = build_policy(env_spec(env_id))
         self.games = games_for(env_id, n_envs, steps_per_actor)
         self.invocations = 0
         self.carry = self._rollout().carry  # the first invocation starts fresh games (untimed)
@@ -184,7 +184,7 @@ class ActorChain:
         self.invocations += 1
         return rollout(self.weights, self.env_id, seed=self.invocations, n_steps=self.steps_per_actor,
                        n_envs=self.n_envs, resume=self.carry if self.invocations > 1 else (),
-                       policy=self.policy, env=self.games)
+                       env=self.games)
 
     def run(self, steps: int) -> float:
         """Env steps/s of invocations of ``rollout`` worth at least ``steps`` steps."""
@@ -207,8 +207,7 @@ class ActorChain:
             for _ in range(n):
                 self.invocations += 1
                 start = time.perf_counter()
-                load_weights(self.policy, self.weights)  # what rollout's preparation does
-                actor = acting_policy(self.policy.eval())
+                actor = acting_policy(env_spec(self.env_id), Architecture(), self.weights)  # rollout's preparation
                 prepare += time.perf_counter() - start
                 watch.wrap(actor, "sample_batch", "policy")
                 watch.wrap(actor, "logits", "forward")

@@ -36,12 +36,14 @@ def step_costs(env_id: str, overrides: list[str], steps: int = 3000) -> dict:
 
     from nitro.config import NitroConfig
     from nitro.envs import env_spec, make_env
-    from nitro.models import acting_policy, build_policy
+    from nitro.models.acting import acting_policy
+    from nitro.models.networks import build_policy
 
     torch.set_num_threads(1)
     cfg = NitroConfig.load(overrides=[f"env_id={env_id}", *overrides])
-    policy = build_policy(env_spec(env_id), seed=0, arch=cfg.model.architecture()).eval()
-    fast = acting_policy(policy)
+    arch = cfg.model.architecture()
+    policy = build_policy(env_spec(env_id), seed=0, arch=arch).eval()
+    fast = acting_policy(env_spec(env_id), arch, {k: v.numpy() for k, v in policy.state_dict().items()})
     env = make_env(env_id, seed=0)
     obs, _ = env.reset(seed=0)
     rng = np.random.default_rng(0)

@@ -19,7 +19,8 @@ import torch
 
 from nitro.actors.worker import ActorState
 from nitro.envs import env_spec
-from nitro.models import Architecture, build_critic, build_policy
+from nitro.models import Architecture
+from nitro.models.networks import build_critic, build_policy
 from nitro.stellaris.function import Profile, cached_snapshot, snapshots_kept
 from nitro.stellaris.gradient import LossSettings
 from nitro.stellaris.jobs import GradientJob

@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from safetensors import SafetensorError
 from safetensors.numpy import load as st_load, save as st_save
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -24,7 +27,7 @@ class SerializationError(ValueError):
 
 
 def _to_numpy(value: np.ndarray | torch.Tensor) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
+    if not isinstance(value, np.ndarray) and hasattr(value, "detach"):  # a torch.Tensor (not imported: actors lack it)
         value = value.detach().cpu().numpy()
     arr = np.ascontiguousarray(value)
     if arr.dtype == object:

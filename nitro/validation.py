@@ -32,7 +32,7 @@ What is checked (docs/ARCHITECTURE.md "Wire formats"):
   ``door.max_abs_reward`` (gymnasium 1.x states no reward range; the largest per-step Atari
   rewards are in the thousands). A fixed magnitude rather than an outlier rule against the
   running statistics: a rule that refuses what the statistics have not yet seen could refuse an
-  input's new regime for ever, and the normaliser's own bound (``nitro.models.ObsNorm.merge``)
+  input's new regime for ever, and the normaliser's own bound (``nitro.models.networks.ObsNorm.merge``)
   already limits what one batch that passes can do to it.
 
 The behaviour log-probabilities are checked behind this door, against the policy version the

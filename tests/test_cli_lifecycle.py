@@ -90,7 +90,8 @@ def _wait_for(predicate, proc: subprocess.Popen, what: str, timeout_s: float = 2
             pytest.fail(f"nitro exited ({proc.returncode}) before {what}\n{out}\n{err[-3000:]}")
         time.sleep(0.01)
     _kill_tree(proc)
-    pytest.fail(f"timed out waiting for {what}")
+    out, err = proc.communicate()  # what the run said it was doing: the next failure says where it was
+    pytest.fail(f"timed out waiting for {what} ({timeout_s:.0f} s)\n{out[-2000:]}\n{err[-3000:]}")
 
 
 def _inflight_round(home: Path, run_id: str) -> int | None:
@@ -104,12 +105,13 @@ def _descendants(proc: subprocess.Popen) -> list[psutil.Process]:
     return psutil.Process(proc.pid).children(recursive=True)
 
 
-def _kill_mid_round_1(proc: subprocess.Popen, home: Path, run_id: str, grace_s: float) -> str:
+def _kill_mid_round_1(proc: subprocess.Popen, home: Path, run_id: str, grace_s: float,
+                      within_s: float = 240.0) -> str:
     """SIGKILL a `nitro train` while round 1's invocations are in flight (they are recorded just
-    before they are invoked), assert that every process it started dies within ``grace_s``, and
-    return their names as they were before the kill."""
+    before they are invoked, at most ``within_s`` after the start), assert that every process it
+    started dies within ``grace_s``, and return their names as they were before the kill."""
     try:
-        _wait_for(lambda: _inflight_round(home, run_id) == 1, proc, "round 1's invocations")
+        _wait_for(lambda: _inflight_round(home, run_id) == 1, proc, "round 1's invocations", within_s)
         started = _descendants(proc)
         names = _names(started)
         proc.send_signal(signal.SIGKILL)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-import nitro.models as models
+import nitro.models.networks as models
 from nitro.actors.rollout import rollout
 from nitro.envs import env_spec
 from nitro.scaling.detector import (

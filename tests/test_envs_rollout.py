@@ -6,14 +6,23 @@ import pytest
 
 from nitro.actors.rollout import rollout, rollout_env, rollout_games
 from nitro.envs import ATARI_ENVS, MUJOCO_ENVS, PAPER_ENVS, AtariGames, UnknownEnvError, env_spec, make_env
-from nitro.models import acting_policy, build_critic, build_policy
+from nitro.models import Architecture
+from nitro.models.acting import acting_policy
+from nitro.models.networks import build_critic, build_policy
 from nitro.serialization import dumps_tensors
 from nitro.validation import check_batch
+
+QBERT = "ALE/Qbert-v5"
 
 
 def _weights(env_id, seed=0):
     policy = build_policy(env_spec(env_id), seed=seed)
     return dumps_tensors(policy.state_dict(), {"format": "nitro.policy/1", "env_id": env_id, "version": 0})
+
+
+def _arrays(policy) -> dict[str, np.ndarray]:
+    """A policy's state dict as an actor receives it: arrays."""
+    return {name: t.detach().numpy().copy() for name, t in policy.state_dict().items()}
 
 
 @pytest.mark.parametrize("env_id", PAPER_ENVS)
@@ -103,6 +112,73 @@ def test_obs_normaliser_travels_with_the_weights():
     assert np.allclose(clone.obs_norm.mean.numpy(), policy.obs_norm.mean.numpy())
 
 
+@pytest.mark.parametrize(("env_id", "arch"), [
+    ("Hopper-v5", Architecture()),  # Gaussian, the paper's 2x256 tanh
+    ("Hopper-v5", Architecture(hidden=(64, 64, 64), activation="relu", log_std_init=-0.5)),
+    ("CartPole-v1", Architecture(hidden=(32,))),  # categorical
+    (QBERT, Architecture()),  # the CNN
+])
+def test_the_acting_policy_is_the_learners_policy(env_id, arch):
+    """What an actor steps with, built from the published arrays alone, gives the actions and
+    log-probabilities of the torch ``Policy`` it was published from, sampling from the same RNG
+    (to float32 rounding), with the normaliser's statistics away from their start."""
+    import torch
+
+    spec = env_spec(env_id)
+    policy = build_policy(spec, seed=4, arch=arch).eval()
+    env = make_env(env_id, seed=0)
+    observations = [env.reset(seed=0)[0]]
+    for _ in range(40):
+        obs, _, term, trunc, _ = env.step(env.action_space.sample())
+        observations.append(env.reset()[0] if term or trunc else obs)
+    if policy.obs_norm is not None:
+        policy.obs_norm.merge(np.stack(observations) * 3.0 + 1.0)
+    actor = acting_policy(spec, arch, _arrays(policy))
+    for i, obs in enumerate(observations):
+        expected, got = policy.act(obs), actor.act(obs)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        (a_expected, lp_expected), (a_got, lp_got) = (
+            p.sample(obs, np.random.default_rng(i)) for p in (policy, actor))
+        np.testing.assert_allclose(a_got, a_expected, rtol=1e-5, atol=1e-5)
+        assert lp_got == pytest.approx(lp_expected, rel=1e-5, abs=1e-4)
+    with torch.no_grad():  # the distribution the learner scores an action with agrees too
+        dist = policy.distribution(torch.as_tensor(np.stack(observations[:5])))
+        actions = np.stack([actor.sample(o, np.random.default_rng(7))[0] for o in observations[:5]])
+        np.testing.assert_allclose(
+            dist.log_prob(torch.as_tensor(actions)).numpy(),
+            [actor.sample(o, np.random.default_rng(7))[1] for o in observations[:5]], rtol=1e-5, atol=1e-4)
+
+
+def test_weights_of_another_shape_are_refused_in_one_line():
+    hopper = _arrays(build_policy(env_spec("Hopper-v5"), seed=0))
+    with pytest.raises(ValueError, match="the weights have 3 layers, their architecture 4"):
+        acting_policy(env_spec("Hopper-v5"), Architecture(hidden=(8, 8, 8)), hopper)
+    with pytest.raises(ValueError, match="no observation normaliser"):
+        acting_policy(env_spec("Hopper-v5"), Architecture(), _arrays(build_policy(env_spec(QBERT), seed=0)))
+    with pytest.raises(ValueError, match=r"no layer 'body\.0\.net\.1'"):
+        acting_policy(env_spec(QBERT), Architecture(), hopper)
+
+
+def test_an_mlp_policys_actor_never_imports_torch(tmp_path):
+    """A fresh process runs the actor as a local worker does (its preloaded modules, a rollout and
+    an evaluation of published weights) and PyTorch is never imported: on a 2-core host that
+    import is a second or more of every fresh actor (docs/ARCHITECTURE.md, the actors)."""
+    (tmp_path / "weights").write_bytes(_weights("Hopper-v5"))
+    code = (
+        "import sys\n"
+        "import nitro.actors.local_process, nitro.actors.worker, nitro.actors.rollout, nitro.cache\n"
+        "from nitro.actors.rollout import evaluate, rollout\n"
+        f"w = open({str(tmp_path / 'weights')!r}, 'rb').read()\n"
+        "r = rollout(w, 'Hopper-v5', 1, 64)\n"
+        "e = evaluate(w, 'Hopper-v5', 1, 1, deterministic=True, max_steps=1000)\n"
+        "assert r.batch['obs'].shape == (64, 11) and e.episode_returns, (r, e)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.strip() == "False"
+
+
 @pytest.mark.parametrize("env_id", ["Hopper-v5", "ALE/Gravitar-v5"])
 def test_rollout_is_deterministic_and_well_formed(env_id):
     w = _weights(env_id)
@@ -121,13 +197,13 @@ def test_rollout_is_deterministic_and_well_formed(env_id):
     assert len(batch["bootstrap_idx"]) == len(batch["bootstrap_obs"])
 
 
-def test_reused_env_and_policy_give_the_same_batch():
+def test_a_reused_env_gives_the_same_batch():
     env_id = "Hopper-v5"
     w = _weights(env_id)
-    env, policy = make_env(env_id), build_policy(env_spec(env_id), seed=5)  # other weights: reloaded
-    first = rollout(w, env_id, 3, 200, env=env, policy=policy)
-    rollout(w, env_id, 4, 123, env=env, policy=policy)  # leave the env mid-episode
-    again = rollout(w, env_id, 3, 200, env=env, policy=policy)
+    env = make_env(env_id)
+    first = rollout(w, env_id, 3, 200, env=env)
+    rollout(w, env_id, 4, 123, env=env)  # leave the env mid-episode
+    again = rollout(w, env_id, 3, 200, env=env)
     fresh = rollout(w, env_id, 3, 200)
     assert np.array_equal(first.batch["obs"], again.batch["obs"])
     assert np.array_equal(first.batch["actions"], fresh.batch["actions"])
@@ -164,8 +240,6 @@ def test_rollout_ending_on_a_termination_has_an_empty_bootstrap():
 
 # -- Atari: games stepped side by side (nitro.envs.AtariGames, rollout.rollout_games) ------------
 
-QBERT = "ALE/Qbert-v5"
-
 
 def test_atari_games_preprocess_as_make_env_does_bit_for_bit():
     """Two games of AtariGames and two make_env envs from the same seeds: the same stacked
@@ -197,7 +271,7 @@ def test_one_game_plays_what_the_per_env_actor_plays():
     actor: the same observations, actions, log-probabilities and rewards. The games mark each
     lost life terminated too (the per-env actor only the game over)."""
     spec = env_spec(QBERT)
-    actor = acting_policy(build_policy(spec, seed=2))
+    actor = acting_policy(spec, Architecture(), _arrays(build_policy(spec, seed=2)))
     games = rollout_games(actor, AtariGames(QBERT, 1), seed=8, n_steps=500)
     single = rollout_env(actor, spec, make_env(QBERT), seed=8, n_steps=500)
     for key in ("obs", "actions", "logp", "rewards"):
@@ -233,8 +307,9 @@ def test_games_fill_the_batch_in_segments_that_the_door_accepts():
 def test_games_rollout_is_deterministic_from_its_seed():
     w = _weights(QBERT)
     a = rollout(w, QBERT, seed=3, n_steps=96, n_envs=8)
-    b = rollout(w, QBERT, seed=3, n_steps=96, n_envs=8, env=AtariGames(QBERT, 8),
-                policy=build_policy(env_spec(QBERT), seed=9))  # reused games and a policy of other weights
+    games = AtariGames(QBERT, 8)
+    rollout(_weights(QBERT, seed=9), QBERT, seed=7, n_steps=40, n_envs=8, env=games)  # games that played on
+    b = rollout(w, QBERT, seed=3, n_steps=96, n_envs=8, env=games)
     c = rollout(w, QBERT, seed=4, n_steps=96, n_envs=8)
     for key in a.batch:
         assert np.array_equal(a.batch[key], b.batch[key]), key

@@ -19,7 +19,8 @@ from nitro.actors.worker import ActorState, run_actor
 from nitro.cache import TrajectoryCache, connect_redis
 from nitro.config import NitroConfig
 from nitro.envs import AtariGames, env_spec, make_env
-from nitro.models import Architecture, build_policy
+from nitro.models import Architecture
+from nitro.models.networks import build_policy
 from nitro.run.engine import Decision, TrainingRun
 from nitro.run.invocations import is_eval_round
 from nitro.serialization import SerializationError, dumps_tensors

@@ -13,7 +13,7 @@ from actor_lambda import handler as H
 from nitro.actors.events import ActorSummary
 from nitro.cache import CacheUnavailableError, LocalRedisServer, TrajectoryCache, connect_redis
 from nitro.envs import env_spec
-from nitro.models import build_policy
+from nitro.models.networks import build_policy
 from nitro.serialization import dumps_tensors, loads_tensors
 from tests.support.tls import throwaway_tls
 
@@ -58,12 +58,12 @@ def test_valid_event_writes_the_batch_and_reuses_state(published, redis_url):
     assert arrays["obs"].shape == (32, *env_spec(ENV).obs_shape)
     assert meta["weights_version"] == "3" and meta["invocation_id"] == s.invocation_id
 
-    # Warm invocation: the same env, policy and Redis client objects are reused.
-    env, policy = H.STATE.envs[ENV], H.STATE.policies[ENV]
+    # Warm invocation: the same env, decoded weights and Redis client objects are reused.
+    env, weights = H.STATE.envs[ENV], H.STATE.weights
     clients = dict(H.STATE.clients)
     s2 = ActorSummary.model_validate(H.handler(_event(redis_url, key, 1), Ctx()))
     assert s2.ok
-    assert H.STATE.envs[ENV] is env and H.STATE.policies[ENV] is policy
+    assert H.STATE.envs[ENV] is env and H.STATE.weights is weights
     assert H.STATE.clients == clients and H.STATE.weights_key == key
 
     # Duplicate delivery: still ok, not enqueued twice.

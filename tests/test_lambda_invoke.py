@@ -23,7 +23,7 @@ from nitro.actors.profile import profile_actor
 from nitro.cache import TrajectoryCache, connect_redis
 from nitro.config import LambdaConfig
 from nitro.envs import env_spec
-from nitro.models import build_policy
+from nitro.models.networks import build_policy
 from nitro.serialization import dumps_tensors, loads_tensors
 from tests.support.lambda_invoke_server import FunctionSpec, InvokeServer
 

@@ -28,7 +28,7 @@ from nitro.learners.ppo_loss import (
 from nitro.learners.returns import compute_gae
 from nitro.learners.sgd import annealed_lr, minibatch_count, minibatch_indices, noise_scale_from_norms
 from nitro.learners.statistics import discounted_return_trace, explained_variance, training_rewards
-from nitro.models import Policy
+from nitro.models.networks import Policy
 from nitro.serialization import dumps_tensors, loads_tensors
 
 LN2 = math.log(2.0)

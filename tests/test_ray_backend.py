@@ -221,7 +221,7 @@ def test_the_real_actor_writes_a_batch_the_learner_accepts_and_nothing_is_unpick
                                                                                      monkeypatch):
     from nitro.cache import TrajectoryCache, connect_redis
     from nitro.envs import env_spec
-    from nitro.models import build_policy
+    from nitro.models.networks import build_policy
     from nitro.serialization import dumps_tensors
     from nitro.validation import decode_batch
 

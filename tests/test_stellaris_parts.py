@@ -19,7 +19,8 @@ from nitro.envs import env_spec
 from nitro.learners.gradients import parameter_names
 from nitro.learners.ppo import PPOLearner
 from nitro.learners.truncation import truncated_ratio
-from nitro.models import Architecture, build_critic, build_policy, holding
+from nitro.models import Architecture
+from nitro.models.networks import build_critic, build_policy, holding
 from nitro.serialization import dumps_tensors, loads_tensors
 from nitro.stellaris.gradient import LossSettings, slice_gradient, slice_rows
 from nitro.stellaris.wire import GradientError, check_gradient, gradient_payload, load_snapshot, snapshot_payload
@@ -61,7 +62,7 @@ def test_slices_cover_each_epoch_once():
 
 def _batch(spec, policy, seed=0, steps=64):
     weights = {k: v.numpy() for k, v in policy.state_dict().items()}
-    return rollout(weights, spec.env_id, seed, steps, policy=build_policy(spec, arch=policy.arch)).batch
+    return rollout(weights, spec.env_id, seed, steps, arch=policy.arch).batch
 
 
 def test_gradient_door_drops_each_kind_of_bad_gradient():
@@ -98,7 +99,7 @@ def test_snapshot_round_trip_keeps_networks_and_settings():
     obs = torch.randn(5, *spec.obs_shape)
     assert torch.equal(snap.policy.distribution(obs).mean, policy.distribution(obs).mean)
     assert torch.equal(snap.critic(snap.policy.features(obs)), critic(policy.features(obs)))
-    # decoded without an initialisation to overwrite (nitro.models.holding): every parameter trains
+    # decoded without an initialisation to overwrite (nitro.models.networks.holding): every parameter trains
     dist = snap.policy.distribution(obs)
     (dist.log_prob(dist.mean.detach()).sum() + snap.critic(snap.policy.features(obs)).sum()).backward()
     assert all(p.grad is not None for p in (*snap.policy.parameters(), *snap.critic.parameters()))

@@ -215,7 +215,8 @@ def test_param_limits_are_handled(tracker: RunTracker, monkeypatch):
 def _policy_payload(env_id: str = "Hopper-v5") -> tuple[bytes, object]:
     """A real (untrained) policy as ``Trainer.policy_payload`` publishes it, and the module."""
     from nitro.envs import env_spec
-    from nitro.models import Architecture, build_policy
+    from nitro.models import Architecture
+    from nitro.models.networks import build_policy
     from nitro.serialization import dumps_tensors
 
     policy = build_policy(env_spec(env_id), seed=0)

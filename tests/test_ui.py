@@ -222,7 +222,16 @@ def test_prefect_ui_start_watch_follow_and_retry(stack: Stack, page, shot):
     # Prefect goes back to the deployment's Runs tab after Submit; the new run is listed there
     page.wait_for_url(re.compile(r"/deployments/deployment/[0-9a-f-]{36}\?tab=Runs"), timeout=180_000)
     flow_run_id = submitted["id"]
-    page.get_by_role("link", name=submitted["name"]).first.click()
+    # The tab lists a new run when its list next polls the API; on a loaded host that has taken over a
+    # minute (fresh-clone CI), so a user who does not see it yet reloads, as this does every 30 s.
+    link = page.get_by_role("link", name=submitted["name"]).first
+    for _ in range(6):
+        try:
+            link.wait_for(timeout=30_000)
+            break
+        except sync_api.TimeoutError:
+            page.reload()
+    link.click()
     page.wait_for_url(re.compile(rf"/runs/flow-run/{flow_run_id}"))
     run_id = "run-" + flow_run_id.replace("-", "")[:12]  # flows.training.default_run_id
 

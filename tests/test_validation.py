@@ -20,14 +20,8 @@ from nitro.learners import ImpactLearner, PPOLearner
 from nitro.learners.behaviour import BehaviourPolicies
 from nitro.learners.replay import ReplayBuffer
 from nitro.learners.statistics import RunningMeanStd
-from nitro.models import (
-    MERGE_BOUNDED_AFTER,
-    MERGE_MAX_SHIFT_STD,
-    MERGE_MAX_VAR_RATIO,
-    Architecture,
-    ObsNorm,
-    build_policy,
-)
+from nitro.models import Architecture
+from nitro.models.networks import MERGE_BOUNDED_AFTER, MERGE_MAX_SHIFT_STD, MERGE_MAX_VAR_RATIO, ObsNorm, build_policy
 from nitro.serialization import dumps_tensors
 from nitro.validation import BatchError, bounds_for, check_batch, decode_batch, max_payload_bytes
 

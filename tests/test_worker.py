@@ -9,8 +9,10 @@ from nitro.actors.events import ActorEvent, invocation_id
 from nitro.actors.local import LocalActorPool
 from nitro.actors.worker import ActorState, run_actor
 from nitro.cache import TrajectoryCache, connect_redis
+from nitro.config import NitroConfig
 from nitro.envs import env_spec
-from nitro.models import build_policy
+from nitro.models.networks import build_policy
+from nitro.run.runtime import warm_modules
 from nitro.serialization import dumps_tensors, loads_tensors
 
 ENV = "Hopper-v5"
@@ -65,11 +67,11 @@ def test_warm_state_is_reused_and_results_are_deterministic(published, redis_url
     _cache, key = published
     state = ActorState()
     a = run_actor(_event(redis_url, key, 0), state)
-    env, policy, client = state.envs[ENV], state.policies[ENV], next(iter(state.clients.values()))
+    env, weights, client = state.envs[ENV], state.weights, next(iter(state.clients.values()))
     redis_client.delete(key)  # the decoded weights stay in the warm state
     b = run_actor(_event(redis_url, key, 1, seed=100), state)
     assert a.ok and b.ok, (a.error, b.error)
-    assert state.envs[ENV] is env and state.policies[ENV] is policy and next(iter(state.clients.values())) is client
+    assert state.envs[ENV] is env and state.weights is weights and next(iter(state.clients.values())) is client
     assert len(state.clients) == 1
     ba, _ = loads_tensors(redis_client.get(a.batch_key))
     bb, _ = loads_tensors(redis_client.get(b.batch_key))
@@ -193,3 +195,14 @@ def test_an_atari_actor_steps_its_games_through_redis_and_the_learners_door(redi
         assert np.array_equal(batches[1]["obs"][16 * game], batches[0]["bootstrap_obs"][last])
     result = learner.update(batches)
     assert result.sgd_steps == 4 and learner.trained_batch.obs.dtype == torch.uint8
+
+
+@pytest.mark.parametrize(("overrides", "needs_torch"), [
+    (["env_id=Hopper-v5"], False),
+    (["env_id=ALE/Qbert-v5"], True),  # the CNN's forward
+    (["env_id=Hopper-v5", "learner.mode=stellaris"], True),  # the learner functions' gradients
+])
+def test_a_runs_fresh_actors_import_pytorch_only_where_an_invocation_needs_it(overrides, needs_torch):
+    """What a run's pool preloads (tests/test_envs_rollout.py shows the rollout itself imports no PyTorch)."""
+    modules = warm_modules(NitroConfig.load(overrides=overrides))
+    assert modules[0] == "nitro.actors.rollout" and ("nitro.models.networks" in modules) == needs_torch

@@ -3,8 +3,10 @@ evaluate it.
 
 ``rollout`` is a pure function of (weights, env id, seed, n_steps, n_envs, the episodes it
 continues): the same inputs give the same batch, bit for bit. Local worker processes and the
-Lambda handler both call it unchanged. It may be handed an env and a policy object to reuse across
-warm invocations; it reseeds (or restores) and reloads them, so reuse never changes the result.
+Lambda handler both call it unchanged. It may be handed an env to reuse across warm invocations;
+it reseeds (or restores) it, so reuse never changes the result. It acts with the policies of
+``nitro.models.acting``, built from the weights each call: the rollout of an MLP policy, and so
+the actor process that runs it, never imports PyTorch.
 
 An Atari actor steps ``n_envs`` games side by side (``rollout_games`` over
 ``nitro.envs.AtariGames``) and runs its CNN once per step on all their observations; its
@@ -32,10 +34,10 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from nitro.actors.episodes import (
     EpisodeSnapshot,
@@ -46,8 +48,12 @@ from nitro.actors.episodes import (
     take_snapshot,
 )
 from nitro.envs import AtariGames, EnvSpec, box_bounds, env_spec, make_env
-from nitro.models import Architecture, CNNActor, NumpyMLPPolicy, Policy, acting_policy, build_policy
+from nitro.models import Architecture
+from nitro.models.acting import NumpyMLPPolicy, acting_policy
 from nitro.serialization import loads_tensors
+
+if TYPE_CHECKING:
+    from nitro.models.networks import CNNActor
 
 
 @dataclass
@@ -65,21 +71,12 @@ class RolloutResult:
     carry: list[EpisodeSnapshot] = field(default_factory=list)  # the unfinished episodes, one per env
 
 
-def load_weights(policy: Policy, weights: dict[str, np.ndarray] | bytes) -> None:
-    """Load a published state dict (arrays, or the bytes of ``dumps_tensors``) into ``policy``."""
+def _prepare(weights: dict[str, np.ndarray] | bytes, env_id: str,
+             arch: Architecture) -> tuple[EnvSpec, CNNActor | NumpyMLPPolicy]:
     if isinstance(weights, (bytes, bytearray, memoryview)):
         weights, _ = loads_tensors(weights, expect_format="nitro.policy/1")
-    state = {k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()}
-    policy.load_state_dict(state, strict=True)
-
-
-def _prepare(weights, env_id: str, arch: Architecture,
-             policy: Policy | None) -> tuple[EnvSpec, CNNActor | NumpyMLPPolicy]:
     spec = env_spec(env_id)
-    policy = policy if policy is not None else build_policy(spec, arch=arch)
-    load_weights(policy, weights)
-    policy.eval()
-    return spec, acting_policy(policy)
+    return spec, acting_policy(spec, arch, weights)
 
 
 def games_for(env_id: str, n_envs: int, n_steps: int, games: AtariGames | None = None) -> AtariGames:
@@ -100,18 +97,17 @@ def rollout(
     n_envs: int = 1,
     resume: Sequence[EpisodeSnapshot] = (),
     arch: Architecture = Architecture(),
-    policy: Policy | None = None,
     env: gym.Env | AtariGames | None = None,
 ) -> RolloutResult:
     """Collect ``n_steps`` transitions with the given policy weights: on Atari over ``n_envs``
     games (``rollout_games``; ``env`` may be an ``AtariGames`` to reuse), else in one env
     (``rollout_env``; ``n_envs`` is not read). Episode i continues ``resume[i]`` where given (its
     RNG states replace ``seed``'s); the others start fresh from ``seed``. ``arch``: the policy's
-    shape (from the weights' metadata), unless ``policy`` is given."""
+    shape (from the weights' metadata)."""
     start = time.perf_counter()
-    spec, actor = _prepare(weights, env_id, arch, policy)
+    spec, actor = _prepare(weights, env_id, arch)
     if spec.is_atari:
-        assert isinstance(actor, CNNActor)
+        assert not isinstance(actor, NumpyMLPPolicy)
         games = games_for(env_id, n_envs, n_steps, env if isinstance(env, AtariGames) else None)
         return rollout_games(actor, games, seed, n_steps, resume, started=start)
     if env is None or isinstance(env, AtariGames):
@@ -119,7 +115,7 @@ def rollout(
     return rollout_env(actor, spec, env, seed, n_steps, resume[0] if resume else None, started=start)
 
 
-def rollout_env(actor: Policy | CNNActor | NumpyMLPPolicy, spec: EnvSpec, env: gym.Env, seed: int, n_steps: int,
+def rollout_env(actor: CNNActor | NumpyMLPPolicy, spec: EnvSpec, env: gym.Env, seed: int, n_steps: int,
                 resume: EpisodeSnapshot | None = None, *, started: float | None = None) -> RolloutResult:
     """``n_steps`` transitions in one env, acting with ``actor.sample`` one observation at a
     time; continues ``resume`` if given, else starts a fresh episode from ``seed``."""
@@ -267,14 +263,13 @@ def evaluate(
     deterministic: bool,
     max_steps: int,
     arch: Architecture = Architecture(),
-    policy: Policy | None = None,
     env: gym.Env | None = None,
 ) -> RolloutSummary:
     """Play ``n_episodes`` whole episodes (each ends by termination or the env's time limit) with
     the mean action (``deterministic``) or sampled actions, as SB3's ``evaluate_policy`` does.
     ``max_steps`` bounds the total work; an episode it cuts short is not reported."""
     start = time.perf_counter()
-    spec, actor = _prepare(weights, env_id, arch, policy)
+    spec, actor = _prepare(weights, env_id, arch)
     env = env if env is not None else make_env(env_id)
     env_seed, noise_seed = np.random.SeedSequence(seed).generate_state(2)
     rng = np.random.default_rng(noise_seed)

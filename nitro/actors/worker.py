@@ -16,7 +16,7 @@ and returns the small summary. It never raises: any failure becomes ``ActorSumma
 a one-line reason (never a password, never a stack trace).
 
 ``ActorState`` is what survives across warm invocations of one process: Redis clients by URL,
-envs, Atari games and policies by env id, and the last weights (key and decoded arrays).
+envs and Atari games by env id, and the last weights (key and decoded arrays).
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ class ActorState:
     clients: dict[tuple[str, str], Any] = field(default_factory=dict)  # (url, password tag) -> redis.Redis
     envs: dict[str, Any] = field(default_factory=dict)  # env id -> gymnasium env
     games: dict[str, Any] = field(default_factory=dict)  # Atari env id -> AtariGames a training rollout steps
-    policies: dict[str, Any] = field(default_factory=dict)  # env id -> Policy module (of the last architecture)
     weights_key: str | None = None
     weights: dict[str, np.ndarray] | None = None
     weights_meta: dict[str, str] = field(default_factory=dict)
@@ -177,10 +176,10 @@ def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = Non
             return _kept(cache, ev, failed(f"weights {ev.weights_key!r} are for env {meta.get('env_id')!r}, "
                                            f"the event asks for {ev.env_id!r}", ev.invocation_id))
 
-        policy = _policy(state, ev.env_id, Architecture.from_meta(meta.get("arch")))
+        arch = Architecture.from_meta(meta.get("arch"))
         if ev.mode != "train":
             played = evaluate(state.weights, ev.env_id, ev.seed, ev.n_episodes, max_steps=ev.n_steps,
-                              deterministic=ev.mode == "eval_deterministic", policy=policy,
+                              deterministic=ev.mode == "eval_deterministic", arch=arch,
                               env=_env(state, ev.env_id))
             return _kept(cache, ev, ActorSummary.since(
                 ev.invocation_id, start, mem, steps=played.steps,
@@ -200,7 +199,7 @@ def run_actor(event: ActorEvent | dict[str, Any], state: ActorState | None = Non
         else:
             env = _env(state, ev.env_id)
         result = rollout(state.weights, ev.env_id, ev.seed, ev.n_steps, n_envs=ev.n_envs, resume=resume,
-                         policy=policy, env=env)
+                         arch=arch, env=env)
 
         version = meta.get("version", str(ev.round))
         batch_meta = {
@@ -244,18 +243,6 @@ def _kept(cache, ev: ActorEvent, summary: ActorSummary) -> ActorSummary:
         except Exception as exc:
             log.debug("actor %s: summary not kept in the cache: %s", ev.invocation_id, error_line(exc))
     return summary
-
-
-def _policy(state: ActorState, env_id: str, arch):
-    """The process's policy for ``env_id`` (of architecture ``arch``), built on first use and
-    reused afterwards: ``rollout`` and ``evaluate`` reload its weights, so reuse never changes a
-    result (nor does reusing the envs: they are reseeded or restored)."""
-    from nitro.envs import env_spec
-    from nitro.models import build_policy
-
-    if env_id not in state.policies or state.policies[env_id].arch != arch:
-        state.policies[env_id] = build_policy(env_spec(env_id), arch=arch)
-    return state.policies[env_id]
 
 
 def _env(state: ActorState, env_id: str):

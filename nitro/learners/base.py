@@ -40,7 +40,8 @@ from nitro.learners.gradients import Gradients, clipped, gradients_of, parameter
 from nitro.learners.objective import adapt_kl_coef, whole_batch_kl
 from nitro.learners.sgd import gradient_noise_scale, minibatch_count, minibatch_indices
 from nitro.learners.statistics import RunningMeanStd, merge_round_statistics
-from nitro.models import Architecture, Critic, Policy, build_critic, build_policy
+from nitro.models import Architecture
+from nitro.models.networks import Critic, Policy, build_critic, build_policy
 
 log = logging.getLogger("nitro")
 
@@ -274,10 +275,8 @@ class ActorCriticLearner(Generic[BatchT]):
 
     def _common_tensors(self) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
         """The modules' and Adam's tensors, and Adam's param groups (for the meta)."""
-        tensors = module_tensors(self._modules())
         optim, param_groups = optimizer_tensors(self.optimizer)
-        tensors.update(optim)
-        return tensors, param_groups
+        return {**module_tensors(self._modules()), **optim}, param_groups
 
     def _common_meta(self, fmt: str) -> dict[str, Any]:
         """The checkpoint meta both learners write (format, env, KL coefficient, reward

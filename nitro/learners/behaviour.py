@@ -23,7 +23,8 @@ import torch
 
 from nitro.envs import EnvSpec
 from nitro.learners.distributions import FORWARD_CHUNK
-from nitro.models import Architecture, Policy
+from nitro.models import Architecture
+from nitro.models.networks import Policy
 from nitro.validation import BatchError
 
 KEEP_VERSIONS = 3  # the version being acted with, and two before it (IMPACT's late batches)

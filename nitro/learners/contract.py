@@ -18,7 +18,7 @@ from torch import nn
 
 from nitro.envs import EnvSpec
 from nitro.learners.gradients import Gradients
-from nitro.models import Policy
+from nitro.models.networks import Policy
 
 Batch = Mapping[str, np.ndarray]  # one actor's trajectory batch (docs/ARCHITECTURE.md lists its arrays)
 

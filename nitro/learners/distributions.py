@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
-from nitro.models import Critic, Policy
+from nitro.models.networks import Critic, Policy
 
 FORWARD_CHUNK = 1024
 

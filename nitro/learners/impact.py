@@ -38,7 +38,7 @@ from nitro.learners.impact_loss import (
 )
 from nitro.learners.replay import ReplayBuffer, replay_batches, replay_tensors
 from nitro.learners.statistics import explained_variance
-from nitro.models import Policy
+from nitro.models.networks import Policy
 from nitro.validation import check_batch
 
 

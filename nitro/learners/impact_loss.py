@@ -29,7 +29,7 @@ from nitro.learners.objective import clip_fraction, penalised_policy_loss, polic
 from nitro.learners.returns import values_and_successors, vtrace_returns
 from nitro.learners.sgd import normalise_advantages
 from nitro.learners.statistics import training_rewards
-from nitro.models import Critic, Policy
+from nitro.models.networks import Critic, Policy
 
 
 class ImpactBatch(NamedTuple):

@@ -16,7 +16,7 @@ import torch
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from nitro.learners.distributions import FORWARD_CHUNK, DistParams
-from nitro.models import Policy
+from nitro.models.networks import Policy
 
 
 def exact_kl(old: Distribution, new: Distribution) -> torch.Tensor:

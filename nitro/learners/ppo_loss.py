@@ -26,7 +26,7 @@ from nitro.learners.returns import compute_gae, values_and_successors
 from nitro.learners.sgd import normalise_advantages
 from nitro.learners.statistics import training_rewards
 from nitro.learners.truncation import clipped_surrogate_of_ratio, truncated_ratio
-from nitro.models import Critic, Policy
+from nitro.models.networks import Critic, Policy
 
 
 class PPOBatch(NamedTuple):

@@ -19,7 +19,7 @@ import torch
 
 from nitro.learners.arrays import ArrayLike, as_bool, as_float64
 from nitro.learners.distributions import forward_values
-from nitro.models import Critic, Policy
+from nitro.models.networks import Critic, Policy
 
 
 def successor_layout(

@@ -15,7 +15,7 @@ import numpy as np
 
 from nitro.learners.arrays import ArrayLike, as_float64
 from nitro.learners.returns import successor_layout
-from nitro.models import Policy
+from nitro.models.networks import Policy
 
 
 def explained_variance(values: ArrayLike, returns: ArrayLike) -> float:

@@ -77,7 +77,8 @@ def _behaviour_policy(state: ActorState, cache: Any, key: str, spec: Any, kept: 
     import torch
 
     from nitro.actors.worker import WEIGHTS_FORMAT
-    from nitro.models import Architecture, build_policy, holding
+    from nitro.models import Architecture
+    from nitro.models.networks import build_policy, holding
     from nitro.serialization import loads_tensors
 
     def load(payload: bytes) -> Any:

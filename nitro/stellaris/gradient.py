@@ -21,7 +21,7 @@ from nitro.learners.contract import Batch
 from nitro.learners.distributions import forward_dist_params
 from nitro.learners.gradients import parameter_names
 from nitro.learners.ppo_loss import ppo_gradients, prepare_batches
-from nitro.models import Critic, Policy
+from nitro.models.networks import Critic, Policy
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ import torch
 
 from nitro.envs import EnvSpec
 from nitro.learners import Gradients
-from nitro.models import Architecture, Critic, Policy, build_critic, build_policy, holding
+from nitro.models import Architecture
+from nitro.models.networks import Critic, Policy, build_critic, build_policy, holding
 from nitro.serialization import SerializationError, dumps_tensors, loads_tensors
 from nitro.stellaris.gradient import LossSettings
 from nitro.stellaris.jobs import GRADIENT_FORMAT, SNAPSHOT_FORMAT

@@ -5,7 +5,7 @@ pickle runs whatever it holds, and Nitro never unpickles (docs/decisions.md). He
 file ``policy_model_entry.py`` (which names ``PolicyModel``), the policy's safetensors payload
 (``TrainingRun.policy_payload``: weights, observation normaliser, architecture) and the env's
 ``EnvSpec`` as JSON; ``load_context`` rebuilds the network from those two data files. Loading
-needs this package installed (``pip install -e .``), because the network is ``nitro.models.Policy``.
+needs this package installed (``pip install -e .``), because the network is ``nitro.models.networks.Policy``.
 
 ``predict`` returns the deterministic action of each observation (``Policy.act``: the Gaussian's
 mean, or the likeliest discrete action), the same action Nitro's evaluation scores. Continuous
@@ -35,19 +35,21 @@ class PolicyModel(PythonModel):
     """``predict(obs[N, *obs_shape]) -> actions[N, act_dim]`` (continuous) or ``[N]`` (discrete)."""
 
     def load_context(self, context: Any) -> None:
-        from nitro.actors.rollout import load_weights
+        import torch
+
         from nitro.envs import EnvSpec
-        from nitro.models import Architecture, Policy
+        from nitro.models import Architecture
+        from nitro.models.networks import Policy, holding
         from nitro.serialization import loads_tensors
 
         payload = Path(context.artifacts["policy"]).read_bytes()
         spec_fields = json.loads(Path(context.artifacts["env_spec"]).read_text())
         spec_fields["obs_shape"] = tuple(spec_fields["obs_shape"])
         self.spec = EnvSpec(**spec_fields)
-        _, meta = loads_tensors(payload, expect_format=POLICY_FORMAT)
-        self.policy = Policy(self.spec, Architecture.from_meta(meta.get("arch")))
-        load_weights(self.policy, payload)
-        self.policy.eval()
+        arrays, meta = loads_tensors(payload, expect_format=POLICY_FORMAT)
+        arch = Architecture.from_meta(meta.get("arch"))
+        state = {name: torch.from_numpy(array.copy()) for name, array in arrays.items()}
+        self.policy = holding(lambda: Policy(self.spec, arch), state).eval()
 
     def predict(self, context: Any, model_input: np.ndarray, params: dict[str, Any] | None = None) -> np.ndarray:
         obs = np.asarray(model_input)

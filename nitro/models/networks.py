@@ -1,22 +1,12 @@
-"""The networks: an MLP Gaussian (or categorical) policy with a separate critic of the same shape
-for vector observations, and RLlib's 84x84 CNN for stacked frames (Atari and other image envs).
-
-The MLP's shape is an ``Architecture`` (widths, activation, initial log-std): the paper's is
-2x256 tanh (docs/decisions.md); the tuned default is in ``nitro/config.py``. It travels with the weights
-(``Architecture.to_meta``) so that an actor builds the same module the learner trains.
-
-The policy carries its observation normaliser as buffers, so ``policy.state_dict()`` is the whole
-thing an actor needs: the statistics ship with the weights. The critic stays on the learner and
-reads the policy's normalised features (``critic(policy.features(obs))``), so both see one set of
-statistics.
+"""The PyTorch side of the networks (the package's docstring says what is where): the modules the
+learner trains, ``Policy`` and ``Critic``, and ``CNNActor``, the batched CNN forward an Atari actor
+steps with.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -26,9 +16,8 @@ from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from nitro.envs import EnvSpec
+from nitro.models import HIDDEN, OBS_CLIP, Action, Architecture, layer_of
 
-HIDDEN = 256  # the CNN's dense layer, and the paper's MLP width
-OBS_CLIP = 10.0
 # What one merge may do to the normaliser once it has seen MERGE_BOUNDED_AFTER samples: move each
 # input's mean by at most MERGE_MAX_SHIFT_STD of its standard deviations, and scale its variance
 # by at most MERGE_MAX_VAR_RATIO either way. Before that the first batches set the scale, within
@@ -38,28 +27,6 @@ OBS_CLIP = 10.0
 MERGE_MAX_SHIFT_STD = 1.0
 MERGE_MAX_VAR_RATIO = 10.0
 MERGE_BOUNDED_AFTER = 1000.0
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """The MLP's shape (the CNN's is fixed)."""
-
-    hidden: tuple[int, ...] | None = None  # None: the paper's two layers of HIDDEN
-    activation: str = "tanh"  # "tanh" | "relu"
-    log_std_init: float = 0.0  # initial log standard deviation of the Gaussian policy
-
-    def to_meta(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_meta(cls, text: str | None) -> Architecture:
-        """From ``to_meta``'s text; None (weights published without one) is the paper's shape."""
-        if not text:
-            return cls()
-        d = json.loads(text)
-        hidden = None if d["hidden"] is None else tuple(int(h) for h in d["hidden"])
-        return cls(hidden=hidden, activation=str(d["activation"]),
-                   log_std_init=float(d["log_std_init"]))
 
 
 class ObsNorm(nn.Module):
@@ -105,9 +72,6 @@ class ObsNorm(nn.Module):
         self.var.copy_(var)
         self.count.copy_(total)
 
-
-# A continuous action's vector, or a discrete action's index.
-Action = np.ndarray | np.int64
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -212,64 +176,6 @@ class Policy(nn.Module):
         return np.int64(a), float(logp_all[a])
 
 
-class NumpyMLPPolicy:
-    """An MLP policy's forward pass in numpy, for actors.
-
-    One step of an actor runs the policy on one observation. Through torch that costs about
-    365 us (dispatch, distribution argument checks, a float64 normaliser), more than
-    ``env.step`` itself; the same arithmetic in numpy costs about 50 us. The numbers it computes
-    are those of ``Policy`` to float32 rounding, and it samples from ``rng`` exactly as
-    ``Policy.sample`` does, so the two are interchangeable in a rollout.
-    """
-
-    def __init__(self, policy: Policy):
-        if policy.obs_norm is None:
-            raise TypeError("NumpyMLPPolicy mirrors the MLP policy only")
-        self.continuous = policy.spec.continuous
-        norm = policy.obs_norm
-        self.mean = norm.mean.detach().numpy().copy()
-        self.inv_std = 1.0 / np.sqrt(norm.var.detach().numpy() + 1e-8)
-        linears = [m for m in policy.body if isinstance(m, nn.Linear)]
-        self.layers = [(m.weight.detach().numpy().T.copy(), m.bias.detach().numpy().copy()) for m in linears]
-        self.activation = np.tanh if any(isinstance(m, nn.Tanh) for m in policy.body) else _relu
-        if self.continuous:
-            self.log_std = policy.log_std.detach().numpy().astype(np.float64)
-            self.std = np.exp(self.log_std).astype(np.float32)
-            self._logp_const = -float(self.log_std.sum()) - 0.5 * len(self.log_std) * math.log(2 * math.pi)
-
-    def _out(self, obs: np.ndarray) -> np.ndarray:
-        x = np.clip((np.asarray(obs, dtype=np.float64) - self.mean) * self.inv_std, -OBS_CLIP, OBS_CLIP)
-        x = x.astype(np.float32)
-        last = len(self.layers) - 1
-        for i, (w, b) in enumerate(self.layers):
-            x = x @ w + b
-            if i < last:
-                x = self.activation(x)
-        return x
-
-    def act(self, obs: np.ndarray) -> Action:
-        out = self._out(obs)
-        return out if self.continuous else np.int64(int(out.argmax()))
-
-    def sample(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[Action, float]:
-        out = self._out(obs)
-        if self.continuous:
-            noise = rng.standard_normal(len(out)).astype(np.float32)
-            action = out + self.std * noise
-            z = (action.astype(np.float64) - out) / self.std  # the noise as float32 rounding left it
-            return action, float(self._logp_const - 0.5 * float(z @ z))
-        logits = out.astype(np.float64)
-        logp_all = logits - logits.max()
-        logp_all -= np.log(np.exp(logp_all).sum())
-        gumbel = -np.log(-np.log(rng.uniform(1e-12, 1.0, size=logp_all.shape)))
-        a = int(np.argmax(logp_all + gumbel))
-        return np.int64(a), float(logp_all[a])
-
-
-def _relu(x: np.ndarray) -> np.ndarray:
-    return np.maximum(x, 0.0)
-
-
 class CNNActor:
     """A CNN policy's forward pass for actors, on a batch of observations (one per game).
 
@@ -281,17 +187,17 @@ class CNNActor:
     that observation's RNG exactly as ``Policy.sample`` does, so the two are interchangeable.
     """
 
-    def __init__(self, policy: Policy):
-        if policy.obs_norm is not None:
-            raise TypeError("CNNActor runs the CNN policy only")
-        c1, c2, c3, head = (m for m in policy.body.modules() if isinstance(m, (nn.Conv2d, nn.Linear)))
+    def __init__(self, weights: Mapping[str, np.ndarray]):
+        """From a CNN ``Policy``'s state dict, as published."""
 
-        def weights(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-            return m.get_parameter("weight").detach().cpu(), m.get_parameter("bias").detach().cpu().clone()
+        def layer(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+            w, b = layer_of(weights, name)
+            return torch.tensor(w, dtype=torch.float32), torch.tensor(b, dtype=torch.float32)
 
-        (w1, b1), (w2, b2), (w3, b3), (wh, bh) = (weights(m) for m in (c1, c2, c3, head))
-        self.conv1, self.conv2 = (w1.clone(), b1), (w2.clone(), b2)
+        self.conv1, self.conv2 = layer("body.0.net.1"), layer("body.0.net.4")  # AtariTrunk's names
+        w3, b3 = layer("body.0.net.6")
         self.dense = (w3.reshape(len(w3), -1).t().contiguous(), b3)  # (32*11*11, 256): x.flatten(1) @ it
+        wh, bh = layer("body.1")
         self.head = (wh.t().contiguous(), bh)
 
     @torch.inference_mode()
@@ -319,11 +225,6 @@ class CNNActor:
     def sample(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[Action, float]:
         actions, logp = self.sample_batch(obs[None], [rng])
         return actions[0], float(logp[0])
-
-
-def acting_policy(policy: Policy) -> CNNActor | NumpyMLPPolicy:
-    """What an actor steps with: the numpy mirror of an MLP policy, the batched forward of a CNN."""
-    return CNNActor(policy) if policy.obs_norm is None else NumpyMLPPolicy(policy)
 
 
 class Critic(nn.Module):
