@@ -25,8 +25,13 @@ def isolated_home(name: str) -> Path:
     return home
 
 
+def mlflow_uri(home: Path) -> str:
+    """The MLflow store of a benchmark's run home."""
+    return f"sqlite:///{home}/mlflow.db"
+
+
 def run_overrides(home: Path) -> list[str]:
-    return [f"home={home}", f"tracking.mlflow_uri=sqlite:///{home}/mlflow.db"]
+    return [f"home={home}", f"tracking.mlflow_uri={mlflow_uri(home)}"]
 
 
 def machine(**measured: object) -> dict:

@@ -15,7 +15,7 @@ import json
 import math
 import time
 
-from _common import RESULTS, isolated_home, machine, run_overrides
+from _common import RESULTS, isolated_home, machine, mlflow_uri, run_overrides
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
     result = asyncio.run(train(env_id="Hopper-v5", scaler="nitro", rounds=args.rounds, budget_usd=args.budget,
                                overrides=overrides, run_id="bench-boosting"))
     wall = time.perf_counter() - started
-    client = MlflowClient(tracking_uri=f"sqlite:///{home}/mlflow.db")
+    client = MlflowClient(tracking_uri=mlflow_uri(home))
     names = ("hessian_R", "lambda_max", "lambda_min", "boost_score", "actors_launched", "spend_round_usd",
              "spend_total_usd", "train_return_mean", "detection_s", "round_s")
     series = {n: {m.step: m.value for m in client.get_metric_history(result.mlflow_run_id, n)} for n in names}

@@ -48,7 +48,7 @@ import subprocess
 import sys
 import time
 
-from _common import RESULTS, isolated_home, machine, run_overrides
+from _common import RESULTS, isolated_home, machine, mlflow_uri, run_overrides
 
 EVAL_EPISODES = 5
 
@@ -90,7 +90,7 @@ def migrate_databases(home) -> None:
                           capture_output=True, text=True, timeout=600)
     if done.returncode:
         raise SystemExit(f"could not migrate Prefect's database: {(done.stderr or done.stdout).strip()[-300:]}")
-    MlflowClient(tracking_uri=run_overrides(home)[1].split("=", 1)[1]).search_experiments()
+    MlflowClient(tracking_uri=mlflow_uri(home)).search_experiments()
 
 
 TRAINING_GAMES = 100  # the training curve: the mean return of the last 100 finished episodes, as SB3's ep_info_buffer

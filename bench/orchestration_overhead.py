@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import fake_aws_credentials, machine, start_invoke_server, stop_process  # noqa: E402  # bench/ on sys.path first
+from _common import fake_aws_credentials, machine, mlflow_uri, start_invoke_server, stop_process  # noqa: E402  # bench/ on sys.path first
 
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 POSTGRES_SH = ROOT / "deployments" / "prefect" / "postgres.sh"
@@ -231,7 +231,7 @@ def child_main(args) -> int:
     overrides = [
         "env_id=Hopper-v5", "scaler.name=fixed", f"scaler.fixed_actors={args.actors}",
         f"scaler.i_max={max(64, args.actors)}", f"steps_per_actor={args.steps}", f"rounds={args.rounds}",
-        f"home={home}", f"tracking.mlflow_uri=sqlite:///{home}/mlflow.db", "eval.every_rounds=0",
+        f"home={home}", f"tracking.mlflow_uri={mlflow_uri(home)}", "eval.every_rounds=0",
     ]
     if args.lambda_url:
         overrides += ["backend.kind=lambda", f"backend.lambda.endpoint_url={args.lambda_url}",

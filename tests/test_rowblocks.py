@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -79,6 +80,22 @@ def test_a_resumed_writer_reuses_the_blocks_on_disk(tmp_path):
     resumed = Run(tmp_path, state["history"], state["ledger"]["rounds"])  # new row objects, the same rows
     resumed.round(ROWS_PER_BLOCK + 3)
     assert _blocks(tmp_path) == before
+
+
+def test_a_resume_and_a_verify_read_each_block_once(tmp_path, monkeypatch):
+    """A resume checks the checkpoint's blocks, then loads their rows: each block's file is read
+    once for both. ``verify`` reads a block that several checkpoints share once."""
+    run = Run(tmp_path, keep_last=4)
+    for k in range(2 * ROWS_PER_BLOCK + 3):
+        run.round(k)
+    reads: list[str] = []
+    read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda p: (reads.append(p.name), read_bytes(p))[1])
+    for resume in (lambda d: d.load(), lambda d: d.load_newest_good(), lambda d: d.verify()):
+        reads.clear()
+        resume(RunDir(tmp_path, "r"))
+        blocks = [name for name in reads if name.endswith(".json")]
+        assert len(blocks) == len(set(blocks)) == 4, reads  # 2 blocks of the history, 2 of the ledger
 
 
 def test_one_damaged_copy_of_a_block_loses_nothing_and_two_make_the_resume_fall_back(tmp_path, caplog):

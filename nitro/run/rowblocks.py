@@ -26,10 +26,11 @@ after them::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,17 @@ class RowBlocks:
         self.folder = folder
         self._known: dict[str, list[tuple[tuple[Any, ...], str]]] = {}  # key -> per block: (its rows, its name)
         self._swept = False  # whether ``collect`` has looked at every file in the folder yet
+        self._remembered: dict[str, bytes] | None = None  # inside ``remembering``: the blocks read whole
+
+    @contextlib.contextmanager
+    def remembering(self) -> Iterator[None]:
+        """Within it, each block is read and hashed once, however often it is asked for (a
+        resume checks a checkpoint's blocks, then loads their rows); forgotten at its end."""
+        self._remembered = {}
+        try:
+            yield
+        finally:
+            self._remembered = None
 
     def seal(self, key: str, rows: Sequence[Any]) -> tuple[dict, list[str]]:
         """``rows`` as a checkpoint stores them (the placeholder above) and the names of the blocks
@@ -99,6 +111,8 @@ class RowBlocks:
 
     def read(self, name: str) -> bytes:
         """The block's bytes, from a copy that matches its name; ValueError if none does."""
+        if self._remembered is not None and name in self._remembered:
+            return self._remembered[name]
         reasons = []
         for path in self._paths(name):
             try:
@@ -107,6 +121,8 @@ class RowBlocks:
                 reasons.append(str(exc.strerror or exc).lower())
                 continue
             if hashlib.sha256(data).hexdigest() == name:
+                if self._remembered is not None:
+                    self._remembered[name] = data
                 return data
             reasons.append("does not match its name")
         raise ValueError(f"rows block {name[:12]} is damaged in both copies ({', '.join(reasons)})")

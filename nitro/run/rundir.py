@@ -190,14 +190,16 @@ class RunDir:
         self._saved[round_idx] = eval_return
         return final
 
-    def _with_blocks(self, state: dict[str, Any], key: str, blocks: list[str]) -> dict[str, Any]:
+    def _with_blocks(self, state: dict[str, Any], key: str, blocks: list[str],
+                     below: str | None = None) -> dict[str, Any]:
         """``state`` with the list at ``key`` (a path such as "ledger/rounds") stored as blocks and
-        a tail, the blocks it names added to ``blocks``; ``state`` itself is not changed."""
-        head, _, rest = key.partition("/")
+        a tail, the blocks it names added to ``blocks``; ``state`` itself is not changed. ``below``:
+        the part of ``key`` still to follow from ``state`` (all of it at first)."""
+        head, _, rest = (key if below is None else below).partition("/")
         if not isinstance(state, dict) or head not in state:
             return state
         if rest:
-            return {**state, head: self._with_blocks(state[head], rest, blocks)}
+            return {**state, head: self._with_blocks(state[head], key, blocks, rest)}
         stored, names = self.blocks.seal(key, state[head])
         blocks.extend(names)
         return {**state, head: stored}
@@ -250,8 +252,10 @@ class RunDir:
         return CheckpointCheck(round_idx, path, True, "", size, digest.get("eval_return"))
 
     def verify(self) -> list[CheckpointCheck]:
-        """Every checkpoint of the run, checked (``nitro verify``), oldest first."""
-        return [self.check(k) for k in self.rounds()]
+        """Every checkpoint of the run, checked (``nitro verify``), oldest first; a block that
+        several checkpoints share is read once."""
+        with self.blocks.remembering():
+            return [self.check(k) for k in self.rounds()]
 
     def read(self, round_idx: int) -> dict[str, Any]:
         """Round ``round_idx``'s state as stored, unchecked; CheckpointError if it cannot be read."""
@@ -291,10 +295,11 @@ class RunDir:
             round_idx = self.latest_round()
             if round_idx is None:
                 raise CheckpointError(f"run {self.run_id!r} has no checkpoint under {self.checkpoints}")
-        checked = self.check(round_idx)
-        if not checked.ok:
-            raise CheckpointError(f"checkpoint {checked.path} is damaged: {checked.reason}")
-        return round_idx, self.read(round_idx)
+        with self.blocks.remembering():  # the check reads each block, the load takes its rows
+            checked = self.check(round_idx)
+            if not checked.ok:
+                raise CheckpointError(f"checkpoint {checked.path} is damaged: {checked.reason}")
+            return round_idx, self.read(round_idx)
 
     def load_newest_good(self) -> tuple[int, dict[str, Any]] | None:
         """The newest checkpoint that is whole, (round, state); each damaged one newer than it is
@@ -304,12 +309,13 @@ class RunDir:
             log.warning("run %s: the re-save of round %d's checkpoint was interrupted; its previous copy is "
                         "restored", self.run_id, k)
         for k in reversed(self.rounds()):
-            checked = self.check(k)
-            if checked.ok:
-                try:
-                    return k, self.read(k)
-                except CheckpointError as exc:
-                    checked = CheckpointCheck(k, checked.path, False, str(exc), checked.bytes, None)
+            with self.blocks.remembering():  # the check reads each block, the load takes its rows
+                checked = self.check(k)
+                if checked.ok:
+                    try:
+                        return k, self.read(k)
+                    except CheckpointError as exc:
+                        checked = CheckpointCheck(k, checked.path, False, str(exc), checked.bytes, None)
             aside = self.set_aside(k)
             older = [r for r in self.rounds() if r < k]
             log.warning("run %s: checkpoint of round %d is damaged (%s); set aside as %s; %s", self.run_id, k,
