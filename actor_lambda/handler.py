@@ -31,8 +31,10 @@ from typing import Any
 
 os.environ.setdefault("MUJOCO_GL", "disable")  # nothing renders in an actor
 
-# Heavy imports (torch, gymnasium, the models) happen here, in Lambda's INIT phase, which runs
-# ahead of traffic under provisioned concurrency; the first invocation then only builds the env.
+# Heavy imports (gymnasium, the rollout) happen here, in Lambda's INIT phase, which runs ahead of
+# traffic under provisioned concurrency; the first invocation then only builds the env. PyTorch is
+# not among them: an MLP policy's actor never needs it (docs/decisions.md, torch), and an image
+# env's actor or a learner function imports it on its first invocation.
 import nitro.actors.rollout  # noqa: F401  # imported for its import-time cost, paid in INIT
 from nitro.actors.events import ActorEvent, ActorSummary
 from nitro.actors.worker import ActorState, run_actor

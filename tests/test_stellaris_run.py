@@ -179,7 +179,9 @@ def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_ap
     gradient, the one for job 3 hangs (as a function past its deadline) until the parameter server
     stops waiting for it at ``gradient_timeout_s``, and the one for job 4 raises in the backend.
     Each loses its job alone, with its reason; every other gradient is applied, in every round.
-    (The healthy invocations run one job each here, so that each fault meets its own job.)"""
+    (The healthy invocations run one job each here, so that each fault meets its own job.) Round 0
+    has no fault: it warms the learner functions, whose first gradient (the networks built, PyTorch's
+    first backward) once took past the 8 s under the suite's load, losing healthy jobs behind it."""
     import time
 
     import torch
@@ -195,6 +197,8 @@ def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_ap
 
         def invoke(self, event):
             job = event.jobs[0]  # taken for this invocation, bound to the version it found
+            if job.round == 0:
+                return self.backend.invoke(event.model_copy(update={"pulls": False}))
             if job.job == 1:
                 return ActorSummary.failed(event.invocation_id, "RuntimeError: injected crash")
             if job.job == 2:  # answers on time, with NaNs of the right shapes
@@ -220,10 +224,10 @@ def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_ap
     # 8 s: the hung job costs each round the whole timeout, and a healthy gradient missed 3 s once
     # under the suite's load on a 2-core host
     result, run, history = _train(tmp_path, "stellaris-faults", redis_url, "learner.gradient_timeout_s=8",
-                                  "learner.schedule=measured", rounds=2)
-    assert result.rounds_done == 2
-    assert history["ppo/stellaris_gradients_lost"] == [4.0, 4.0]
-    assert history["ppo/stellaris_gradients"] == [4.0, 4.0]
+                                  "learner.schedule=measured", rounds=3)
+    assert result.rounds_done == 3
+    assert history["ppo/stellaris_gradients_lost"][1:] == [4.0, 4.0]
+    assert history["ppo/stellaris_gradients"][1:] == [4.0, 4.0]
     reasons = {k: v for k, v in run.data.tags.items() if k.startswith("nitro.corrupt.")}
     crash = "the function failed: gradient job failed: RuntimeError: injected crash"
     assert any(crash in v for v in reasons.values()), reasons
