@@ -154,3 +154,19 @@ def test_a_report_without_the_columns_gets_one_line_naming_them(tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert err == f"nitro: error: {out}: cannot rebuild the statistics: {missing}"
     assert (out / "README.md").read_text() == readme and not (out / PROFILE_FILE).exists()
+
+
+def test_the_machine_section_names_the_cpus_generation(monkeypatch):
+    """Two hosts both called "AMD EPYC" ran the same work 2-3x apart, and AVX-512 changes PyTorch's
+    kernels: a report names the family, the model and the vector unit, and an older report's
+    machine (without them) still renders."""
+    from nitro.experiments import machine
+
+    monkeypatch.setattr(machine, "_first_cpu", lambda: {"model name": "AMD EPYC", "cpu family": "26", "model": "2",
+                                                        "flags": "fpu sse avx2 avx512f avx512bw"})
+    info = machine.machine_info()
+    assert (info["cpu"], info["cpu_family"], info["cpu_model_number"], info["cpu_vector"]) == ("AMD EPYC", "26", "2",
+                                                                                               "avx512")
+    assert "AMD EPYC family 26 model 2 with avx512 (" in machine.machine_markdown(info)[2]
+    older = {k: v for k, v in info.items() if k not in ("cpu_family", "cpu_model_number", "cpu_vector")}
+    assert "AMD EPYC (" in machine.machine_markdown(older)[2]
