@@ -180,8 +180,10 @@ def test_failed_slow_and_corrupt_gradients_each_lose_only_their_slice(prefect_ap
     stops waiting for it at ``gradient_timeout_s``, and the one for job 4 raises in the backend.
     Each loses its job alone, with its reason; every other gradient is applied, in every round.
     (The healthy invocations run one job each here, so that each fault meets its own job.) Round 0
-    has no fault: it warms the learner functions, whose first gradient (the networks built, PyTorch's
-    first backward) once took past the 8 s under the suite's load, losing healthy jobs behind it."""
+    has no fault: a fresh function's first job (its first snapshot decoded, the networks built,
+    PyTorch's first backward) once took past the 8 s under the suite's load, losing healthy jobs
+    behind it. The pool preloads the learner function's modules now (``warm_modules``), 0.5 s of
+    that first job; the rest is a first job's own and not this test's subject."""
     import time
 
     import torch

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from nitro.actors.events import ActorEvent, invocation_id
-from nitro.actors.local import LocalActorPool
+from nitro.actors.local import LocalActorPool, warm_modules
 from nitro.actors.worker import ActorState, run_actor
 from nitro.cache import TrajectoryCache, connect_redis
 from nitro.config import NitroConfig
 from nitro.envs import env_spec
 from nitro.models.networks import build_policy
-from nitro.run.runtime import warm_modules
+from nitro.run.runtime import actor_preload
 from nitro.serialization import dumps_tensors, loads_tensors
 
 ENV = "Hopper-v5"
@@ -197,12 +197,21 @@ def test_an_atari_actor_steps_its_games_through_redis_and_the_learners_door(redi
     assert result.sgd_steps == 4 and learner.trained_batch.obs.dtype == torch.uint8
 
 
-@pytest.mark.parametrize(("overrides", "needs_torch"), [
-    (["env_id=Hopper-v5"], False),
-    (["env_id=ALE/Qbert-v5"], True),  # the CNN's forward
-    (["env_id=Hopper-v5", "learner.mode=stellaris"], True),  # the learner functions' gradients
+@pytest.mark.parametrize(("overrides", "networks", "learner_functions"), [
+    (["env_id=Hopper-v5"], False, False),
+    (["env_id=ALE/Qbert-v5"], True, False),  # the CNN's forward
+    (["env_id=Hopper-v5", "learner.mode=stellaris"], False, True),  # the learner functions' gradients
+    (["env_id=ALE/Qbert-v5", "learner.mode=stellaris"], True, True),
 ])
-def test_a_runs_fresh_actors_import_pytorch_only_where_an_invocation_needs_it(overrides, needs_torch):
-    """What a run's pool preloads (tests/test_envs_rollout.py shows the rollout itself imports no PyTorch)."""
-    modules = warm_modules(NitroConfig.load(overrides=overrides))
-    assert modules[0] == "nitro.actors.rollout" and ("nitro.models.networks" in modules) == needs_torch
+def test_a_runs_fresh_actors_import_pytorch_only_where_an_invocation_needs_it(overrides, networks, learner_functions):
+    """What a run's pool preloads (tests/test_envs_rollout.py shows the rollout itself imports no
+    PyTorch; the learner function's modules import it)."""
+    modules = actor_preload(NitroConfig.load(overrides=overrides))
+    assert modules[0] == "nitro.actors.rollout"
+    assert ("nitro.models.networks" in modules) == networks
+    assert ("nitro.stellaris.gradient" in modules) == learner_functions
+
+
+def test_a_pool_without_a_config_preloads_the_rollout_and_another_function_nothing():
+    assert warm_modules() == ("nitro.actors.rollout",)
+    assert warm_modules("tests.support.helpers:echo", image_env=True, learner_functions=True) == ()

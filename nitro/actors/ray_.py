@@ -40,7 +40,7 @@ from typing import Any
 
 from nitro.actors.events import UNKNOWN_INVOCATION, ActorEvent, ActorSummary, event_payload
 from nitro.actors.lambda_answer import one_line
-from nitro.actors.local import DEFAULT_ACTOR_FN
+from nitro.actors.local import DEFAULT_ACTOR_FN, warm_modules
 from nitro.actors.ray_cluster import RaySession
 from nitro.config.backend import RayConfig
 
@@ -96,8 +96,7 @@ class RayActorBackend:
         self.timeout_s = float(timeout_s)
         self.memory_mb = int(memory_mb)
         self.actor_fn = actor_fn
-        default_preload = ("nitro.actors.rollout",) if actor_fn == DEFAULT_ACTOR_FN else ()
-        preload = tuple(preload) if preload is not None else default_preload
+        preload = tuple(preload) if preload is not None else warm_modules(actor_fn)
         self._spec = json.dumps({"actor_fn": actor_fn, "memory_mb": self.memory_mb, "preload": list(preload),
                                  "deadline_s": self.timeout_s + WORKER_GRACE_S}).encode()
         self.session = RaySession.open(self.cfg, cpus=int(cpus or os.cpu_count() or 1))

@@ -230,7 +230,10 @@ PRESETS: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
-def _env_family(env_id: Any) -> str:
+EnvFamily = Literal["image", "vector"]
+
+
+def _env_family(env_id: Any) -> EnvFamily:
     from nitro.envs import UnknownEnvError, env_spec
 
     if isinstance(env_id, str) and env_id.startswith("ALE/"):
@@ -302,6 +305,11 @@ class NitroConfig(_Section):
         preset = data.get("preset", "nitro")
         family = _env_family(data.get("env_id", "Hopper-v5"))
         return _beneath(PRESETS.get((preset, family), {}), data)
+
+    @property
+    def env_family(self) -> EnvFamily:
+        """"image" (a CNN policy; the preset's Atari settings) or "vector" (an MLP policy)."""
+        return _env_family(self.env_id)
 
     @model_validator(mode="after")
     def _vm_scalers_need_vm_pricing(self) -> NitroConfig:

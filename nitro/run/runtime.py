@@ -67,15 +67,11 @@ def get_run(run_id: str) -> RunContext:
         raise RuntimeError(f"training run {run_id!r} is not open in this process") from None
 
 
-def warm_modules(config: NitroConfig) -> tuple[str, ...]:
-    """What a fresh actor process of this run imports before its first invocation, so that the first
-    is as warm as the rest: the rollout, and PyTorch's side of the networks where an invocation needs
-    it (an image env's CNN; a Stellaris run's learner functions). A vector env's actor of a
-    synchronous run never imports PyTorch, a second or more of every fresh process's start."""
-    from nitro.envs import env_spec
+def actor_preload(config: NitroConfig) -> tuple[str, ...]:
+    """What this run's pool preloads in each fresh process (``nitro.actors.local.warm_modules``)."""
+    from nitro.actors.local import warm_modules
 
-    needs_torch = env_spec(config.env_id).is_image or config.learner.mode == "stellaris"
-    return ("nitro.actors.rollout", *(("nitro.models.networks",) if needs_torch else ()))
+    return warm_modules(image_env=config.env_family == "image", learner_functions=config.learner.mode == "stellaris")
 
 
 def make_backend(config: NitroConfig) -> ActorBackend:
@@ -88,11 +84,11 @@ def make_backend(config: NitroConfig) -> ActorBackend:
         from nitro.actors.ray_ import RayActorBackend
 
         return RayActorBackend(b.ray, cpus=b.workers or os.cpu_count() or 1, timeout_s=b.timeout_s,
-                               memory_mb=b.memory_mb, preload=warm_modules(config))
+                               memory_mb=b.memory_mb, preload=actor_preload(config))
     from nitro.actors.local import LocalActorPool
 
     return LocalActorPool(workers=b.workers or os.cpu_count() or 1, timeout_s=b.timeout_s, memory_mb=b.memory_mb,
-                          preload=warm_modules(config))
+                          preload=actor_preload(config))
 
 
 def _start_backend(config: NitroConfig, run_id: str) -> ActorBackend:
