@@ -76,8 +76,12 @@ def nitro_run(env_id: str, seed: int, args: argparse.Namespace) -> dict:
               "deterministic": r["eval_return_mean"], "stochastic": r["eval_stochastic_return_mean"],
               "training": last_games_return(history[: i + 1])}
              for i, r in enumerate(history) if r.get("eval_episodes", 0) > 0]
+    prefix = f"{args.algo}/"
+    updates = [update_size(int(r["round"]) * int(per_round),
+                           {name: r.get(prefix + key) for name, (key, _) in UPDATE_SIZE.items()})
+               for r in history if prefix + "clip_frac" in r]
     return {"wall_s": round(wall, 1), "env_steps": int(history[-1]["env_steps_total"]),
-            "rounds": result.rounds_done, "evals": evals,
+            "rounds": result.rounds_done, "evals": evals, "updates": updates,
             "median_round_s": sorted(r["round_s"] for r in history)[len(history) // 2]}
 
 
@@ -91,6 +95,30 @@ def migrate_databases(home) -> None:
     if done.returncode:
         raise SystemExit(f"could not migrate Prefect's database: {(done.stderr or done.stdout).strip()[-300:]}")
     MlflowClient(tracking_uri=mlflow_uri(home)).search_experiments()
+
+
+# How far each update moved the policy, under one name for both learners: (Nitro's diagnostic, SB3's
+# logger key). The KLs are both the mean over an update's minibatches of KL(before the step || the
+# policy stepped from): Nitro's exact, SB3's its estimator (r - 1) - log r on the minibatch's samples.
+UPDATE_SIZE = {"clip_frac": ("clip_frac", "train/clip_fraction"), "kl": ("kl_minibatch_mean", "train/approx_kl"),
+               "action_std": ("action_std", "train/std"),
+               "explained_variance": ("explained_variance", "train/explained_variance")}
+
+
+def update_size(trained_steps: int, values: dict) -> dict:
+    """One update's ``UPDATE_SIZE`` values (``values`` maps its names to numbers), rounded."""
+    return {"trained_steps": trained_steps, **{name: round(float(values[name]), 5) for name in UPDATE_SIZE
+                                               if values.get(name) is not None}}
+
+
+def update_summary(runs: list[dict]) -> dict:
+    """Over ``runs``: each ``UPDATE_SIZE`` value's mean over every update, and over the last third."""
+    out: dict = {}
+    for part, share in (("all", 0), ("last_third", 2 / 3)):
+        rows = [u for r in runs for u in r.get("updates", [])[int(len(r.get("updates", [])) * share):]]
+        out[part] = {name: round(sum(u[name] for u in rows if name in u) / n, 4)
+                     for name in UPDATE_SIZE if (n := sum(name in u for u in rows))}
+    return out
 
 
 TRAINING_GAMES = 100  # the training curve: the mean return of the last 100 finished episodes, as SB3's ep_info_buffer
@@ -148,6 +176,14 @@ def learn_at_checkpoints(model, checkpoints: list[int], evaluate, training=None)
     from stable_baselines3.common.callbacks import BaseCallback
 
     evals: list[dict] = []
+    updates: list[dict] = []
+
+    def record_update(num_timesteps: int) -> None:
+        """The last update's values, while SB3's logger holds them (it clears them each dump)."""
+        logged = model.logger.name_to_value
+        if UPDATE_SIZE["clip_frac"][1] in logged:
+            updates.append(update_size(num_timesteps, {name: logged.get(key)
+                                                       for name, (_, key) in UPDATE_SIZE.items()}))
 
     def checkpoint(steps: int) -> None:
         point = {"trained_steps": steps, "deterministic": evaluate(True), "stochastic": evaluate(False)}
@@ -161,12 +197,20 @@ def learn_at_checkpoints(model, checkpoints: list[int], evaluate, training=None)
                 checkpoint(self.num_timesteps)
             return True
 
+        # SB3's loop: collect a rollout, dump the logs, train. A rollout's start (and the training's
+        # end) is where the update before it is still in the logger.
+        def _on_rollout_start(self) -> None:
+            record_update(self.num_timesteps)
+
+        def _on_training_end(self) -> None:
+            record_update(self.num_timesteps)
+
     started = time.perf_counter()
     checkpoint(0)
     checkpoints = [0, *checkpoints]
     model.learn(checkpoints[-1], callback=Checkpoints())
     wall = time.perf_counter() - started
-    return {"wall_s": round(wall, 1), "env_steps": int(model.num_timesteps), "evals": evals}
+    return {"wall_s": round(wall, 1), "env_steps": int(model.num_timesteps), "evals": evals, "updates": updates}
 
 
 def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int) -> dict:
@@ -329,7 +373,8 @@ def main() -> None:
             steps = sum(r["env_steps"] for r in runs) / len(runs)
             entry[name].update({"deterministic": summarize(runs, "deterministic"),
                                 "stochastic": summarize(runs, "stochastic"), "training": summarize(runs, "training"),
-                                "wall_s_mean": round(wall, 1), "env_steps_per_s": round(steps / wall, 1)})
+                                "wall_s_mean": round(wall, 1), "env_steps_per_s": round(steps / wall, 1),
+                                "update_size": update_summary(runs)})
         report["envs"][env_id] = entry
         write_report(report, out)  # after each env: a long run keeps what it has
     for env_id, entry in report["envs"].items():
@@ -341,6 +386,10 @@ def main() -> None:
                               f"/ {s['mean']:.0f}±{s['ci95']:.0f}" for d, s in zip(det, sto) if d["trained_steps"])
             print(f"{env_id:12s} {name:5s} eval return (deterministic / stochastic, mean ± 95% CI): {cells}; "
                   f"{entry[name]['wall_s_mean']:.0f} s per run, {entry[name]['env_steps_per_s']:.0f} env steps/s")
+            moved = entry[name]["update_size"]["last_third"]
+            if moved:
+                print(f"{'':12s} {name:5s} an update in the last third of the run, mean: "
+                      + ", ".join(f"{k} {v:.3f}" for k, v in moved.items()))
     print(f"load average before {load_before}, after {os.getloadavg()}; wrote {out}")
 
 

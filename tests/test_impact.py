@@ -301,6 +301,7 @@ def test_update_changes_weights_and_replays_then_runs_dry(hopper_batches):
                 "n_samples", "seconds", "grad_noise_scale", "grad_noise_tr_sigma", "is_weight_mean"):
         assert isinstance(m1[key], float), key
     assert m1["n_samples"] == 512 and m1["n_replay_batches"] == 0 and m1["kl"] > 0
+    assert m1["action_std"] == pytest.approx(float(learner.policy.log_std.exp().mean()))
     assert m1["logp_drift"] < 1e-4  # fresh data, target = behaviour: every weight is 1
     assert m1["is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
     # round 2: the two new batches plus round 1's two, replayed once (their second and last use)

@@ -27,7 +27,8 @@ from nitro.learners.ppo_loss import (
 )
 from nitro.learners.returns import compute_gae
 from nitro.learners.sgd import annealed_lr, minibatch_count, minibatch_indices, noise_scale_from_norms
-from nitro.learners.statistics import discounted_return_trace, explained_variance, training_rewards
+from nitro.learners.statistics import action_std, discounted_return_trace, explained_variance, training_rewards
+from nitro.models import Architecture
 from nitro.models.networks import Policy
 from nitro.serialization import dumps_tensors, loads_tensors
 
@@ -80,6 +81,15 @@ def test_clipped_surrogate_by_hand():
     # t2: min(0.5*-1, 0.8*-1) = -0.8  t3: min(1.1*-2, 1.1*-2) = -2.2
     # mean = (1.2 + 0.5 - 0.8 - 2.2)/4 = -1.3/4 = -0.325 -> loss 0.325
     assert float(loss) == pytest.approx(0.325, abs=1e-6)
+
+
+def test_action_std_is_the_gaussians_mean_std_and_absent_for_a_categorical_policy():
+    gaussian = Policy(env_spec("Hopper-v5"), Architecture(hidden=(8,), log_std_init=-1.0))
+    with torch.no_grad():
+        gaussian.log_std[0] = 0.0
+    want = (1.0 + 2 * math.exp(-1.0)) / 3  # Hopper's three action dimensions
+    assert action_std(gaussian) == {"action_std": pytest.approx(want)}
+    assert action_std(Policy(env_spec("CartPole-v1"), Architecture(hidden=(8,)))) == {}
 
 
 def test_kl_penalty_gaussian_and_categorical_by_hand():
@@ -320,6 +330,8 @@ def test_learner_update_improves_objective_and_changes_weights(hopper_batches):
                 "n_samples", "seconds", "grad_noise_scale", "grad_noise_tr_sigma", "grad_sq_norm"):
         assert isinstance(m[key], float), key
     assert m["n_samples"] == 512.0
+    # the std as SB3 logs it (train/std), after the update: it moved from log_std_init's 1.0
+    assert m["action_std"] == pytest.approx(float(learner.policy.log_std.exp().mean())) and m["action_std"] != 1.0
     assert m["kl"] > 0 and math.isfinite(m["grad_noise_tr_sigma"]) and m["grad_noise_tr_sigma"] > 0
     # the round's statistics are merged BEFORE the update: the KL anchor is the pre-update policy
     # read through the merged statistics, and the actors' log-probs differ from it only by that move

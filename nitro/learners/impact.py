@@ -37,7 +37,7 @@ from nitro.learners.impact_loss import (
     prepare_impact_batches,
 )
 from nitro.learners.replay import ReplayBuffer, replay_batches, replay_tensors
-from nitro.learners.statistics import explained_variance
+from nitro.learners.statistics import action_std, explained_variance
 from nitro.models.networks import Policy
 from nitro.validation import check_batch
 
@@ -97,7 +97,7 @@ class ImpactLearner(ActorCriticLearner[ImpactBatch]):
         # so that V-trace's weights compare the target policy with exactly the behaviour policy.
         self.merge_statistics(new)
         self.last_n_new_batches = len(new)
-        return with_diagnostics(result, {"seconds": time.perf_counter() - start})
+        return with_diagnostics(result, {"seconds": time.perf_counter() - start, **action_std(self.policy)})
 
     def replay_update(self, *, deadline: float | None = None) -> UpdateResult | None:
         """One update purely from the buffer (as many batches as the last ``update`` had new
@@ -112,7 +112,7 @@ class ImpactLearner(ActorCriticLearner[ImpactBatch]):
         if not replayed:
             return None
         result = self._train([], replayed, deadline)
-        return with_diagnostics(result, {"seconds": time.perf_counter() - start})
+        return with_diagnostics(result, {"seconds": time.perf_counter() - start, **action_std(self.policy)})
 
     def _maybe_refresh_target(self) -> None:
         if self.n_updates % self.cfg.target_update_freq == 0:

@@ -21,7 +21,7 @@ from nitro.learners.fragments import fragment_norms, fragment_rows
 from nitro.learners.gradients import Gradients
 from nitro.learners.ppo_loss import PPOBatch, ppo_gradients, ppo_minibatch_loss, ppo_objective, prepare_batches
 from nitro.learners.sgd import annealed_lr, minibatch_count
-from nitro.learners.statistics import explained_variance
+from nitro.learners.statistics import action_std, explained_variance
 
 
 class PPOLearner(ActorCriticLearner[PPOBatch]):
@@ -100,6 +100,7 @@ class PPOLearner(ActorCriticLearner[PPOBatch]):
             "logp_drift": float((data.logp - data.anchor.distribution().log_prob(data.actions)).abs().mean()),
             "reward_scale": self.reward_scale,
             "n_samples": float(len(data.rewards)),
+            **action_std(self.policy),
             "seconds": time.perf_counter() - start,
             **noise,
         })

@@ -25,6 +25,13 @@ def explained_variance(values: ArrayLike, returns: ArrayLike) -> float:
     return float("nan") if var_r == 0.0 else 1.0 - float(np.var(r - v)) / var_r
 
 
+def action_std(policy: Policy) -> dict[str, float]:
+    """{"action_std": a Gaussian policy's standard deviation, the mean over action dimensions}, as
+    SB3 logs ``train/std``: how far exploration has narrowed; {} for a categorical policy."""
+    log_std = getattr(policy, "log_std", None)
+    return {} if log_std is None else {"action_std": float(log_std.detach().exp().mean())}
+
+
 def training_rewards(rewards: np.ndarray, is_atari: bool, reward_scale: float) -> np.ndarray:
     """Rewards as the learner trains on them: sign-clipped on Atari (DQN/RLlib convention), then
     multiplied by the learner's reward scale (1 / running std of discounted returns)."""
