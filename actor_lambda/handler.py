@@ -23,6 +23,7 @@ Only a misconfigured function raises (an Unhandled function error, which Lambda 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import threading
@@ -33,8 +34,8 @@ os.environ.setdefault("MUJOCO_GL", "disable")  # nothing renders in an actor
 
 # Heavy imports (gymnasium, the rollout) happen here, in Lambda's INIT phase, which runs ahead of
 # traffic under provisioned concurrency; the first invocation then only builds the env. PyTorch is
-# not among them: an MLP policy's actor never needs it (docs/decisions.md, torch), and an image
-# env's actor or a learner function imports it on its first invocation.
+# not among them unless ``NITRO_PRELOAD`` names it (below): an MLP policy's actor never needs it
+# (docs/decisions.md, torch).
 import nitro.actors.rollout  # noqa: F401  # imported for its import-time cost, paid in INIT
 from nitro.actors.events import ActorEvent, ActorSummary
 from nitro.actors.worker import ActorState, run_actor
@@ -42,10 +43,29 @@ from nitro.run.functions import run_function
 
 SIMULATE_ENV = "NITRO_SIMULATE_DURATION_S"
 SECRET_TTL_ENV = "NITRO_SECRET_TTL_S"
+PRELOAD_ENV = "NITRO_PRELOAD"
 
 
 class ConfigurationError(RuntimeError):
     """The function itself is misconfigured (its environment), not the event."""
+
+
+def preload() -> tuple[str, ...]:
+    """Import the modules ``NITRO_PRELOAD`` names (comma-separated), in INIT: PyTorch's networks
+    for an image env's CNN, the learner function's modules for a Stellaris run. The deploy script
+    sets it from the config it deploys for (``nitro.actors.local.warm_modules_for``), so such a
+    function's first invocation is as warm as a local pool's. A module that cannot be imported is
+    a misconfigured function."""
+    names = tuple(n.strip() for n in os.environ.get(PRELOAD_ENV, "").split(",") if n.strip())
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigurationError(f"{PRELOAD_ENV}: cannot import {name!r}: {exc}") from exc
+    return names
+
+
+PRELOADED = preload()
 
 
 # -- credentials ---------------------------------------------------------------------------------

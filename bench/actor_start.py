@@ -4,7 +4,7 @@
     python bench/actor_start.py --before /tmp/nitro-before --trials 20 --env ALE/Qbert-v5
 
 A local pool's worker, a Ray worker and a Lambda cold start each import what the run's pool preloads
-(``nitro.run.runtime.actor_preload``) before they take an invocation. Each trial starts a fresh
+(``nitro.actors.local.warm_modules_for``) before they take an invocation. Each trial starts a fresh
 ``python`` that imports those modules and builds the acting policy from published weights, as the
 first invocation does, once for each arm, alternated: ``after`` (this checkout) and ``before``
 (``--before``, a checkout of an earlier commit whose pool preloads ``nitro.actors.rollout``, which
@@ -75,12 +75,12 @@ def main() -> None:
     args = ap.parse_args()
 
     sys.path.insert(0, str(ROOT))
+    from nitro.actors.local import warm_modules_for
     from nitro.config import NitroConfig
-    from nitro.run.runtime import actor_preload
 
     load_before = os.getloadavg()
     weights = weights_file(args.env, Path(f"/tmp/actor-start-{os.getpid()}.weights"))
-    arms = {"after": (ROOT, ",".join(actor_preload(NitroConfig.load(overrides=[f"env_id={args.env}"])))),
+    arms = {"after": (ROOT, ",".join(warm_modules_for(NitroConfig.load(overrides=[f"env_id={args.env}"])))),
             "before": (args.before.resolve(), "nitro.actors.rollout")}
     runs: dict[str, list[tuple[float, float, bool]]] = {name: [] for name in arms}
     try:

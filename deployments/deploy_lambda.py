@@ -23,7 +23,9 @@ What it does, each step only when the live state differs from the wanted one:
    ``nitro profile-actor``; $LATEST is restored to ``--memory-mb`` afterwards.
 
 The result lists every change made (``[]`` on a second run) as JSON. Defaults come from a Nitro
-config (``--config nitro.yaml``: ``backend.lambda.*`` and ``backend.memory_mb``) when given.
+config (``--config nitro.yaml``: ``backend.lambda.*`` and ``backend.memory_mb``) when given, and
+from it the modules the function's INIT imports (``NITRO_PRELOAD``: PyTorch's networks for an image
+env, the learner function's for Stellaris; ``--env NITRO_PRELOAD=...`` overrides it).
 """
 
 from __future__ import annotations
@@ -486,6 +488,10 @@ def spec_from_args(argv: list[str] | None = None) -> DeploySpec:
         spec.provisioned_concurrency = lam.provisioned_concurrency
         if lam.qualifier and not lam.qualifier.isdigit() and lam.qualifier != "$LATEST":
             spec.alias = lam.qualifier
+        from nitro.actors.local import warm_modules_for
+
+        # what the function's INIT imports for this config's runs (actor_lambda/handler.py)
+        spec.environment["NITRO_PRELOAD"] = ",".join(warm_modules_for(cfg))
     for attr in ("function_name", "image_uri", "ecr_repository", "memory_mb", "timeout_s", "architecture", "role_arn",
                  "secret_arn", "reserved_concurrency", "alias", "provisioned_concurrency", "region", "endpoint_url"):
         value = getattr(a, attr)
@@ -496,7 +502,7 @@ def spec_from_args(argv: list[str] | None = None) -> DeploySpec:
     spec.image_tag = a.image_tag
     spec.ephemeral_storage_mb = a.ephemeral_storage_mb
     spec.log_retention_days = a.log_retention_days
-    spec.environment = dict(item.split("=", 1) for item in a.env)
+    spec.environment.update(item.split("=", 1) for item in a.env)
     spec.subnet_ids, spec.security_group_ids = _csv(a.subnet_ids), _csv(a.security_group_ids)
     spec.profile_memory_sizes = [int(x) for x in _csv(a.profile_memory)]
     if spec.provisioned_concurrency and not spec.alias:

@@ -175,6 +175,21 @@ def test_cli_main_twice(aws, capsys, tmp_path):
     assert D.main([*argv, "--memory-mb", "64"]) == 2
 
 
+def test_a_config_sets_what_the_functions_init_imports(tmp_path):
+    """--config sets NITRO_PRELOAD as a local pool's preload for the same runs; --env overrides it."""
+    cases = {"env_id: Hopper-v5\n": "nitro.actors.rollout",
+             "env_id: ALE/Qbert-v5\n": "nitro.actors.rollout,nitro.models.networks",
+             "env_id: Hopper-v5\nlearner:\n  mode: stellaris\n":
+                 "nitro.actors.rollout,nitro.stellaris.function,nitro.stellaris.gradient"}
+    for i, (yaml, want) in enumerate(cases.items()):
+        cfg = tmp_path / f"nitro{i}.yaml"
+        cfg.write_text(yaml)
+        assert D.spec_from_args(["--config", str(cfg), "--env", "A=1"]).environment == {"NITRO_PRELOAD": want, "A": "1"}
+    chosen = D.spec_from_args(["--config", str(cfg), "--env", "NITRO_PRELOAD=nitro.models.networks"])
+    assert chosen.environment == {"NITRO_PRELOAD": "nitro.models.networks"}
+    assert D.spec_from_args([]).environment == {}
+
+
 def test_iam_policies_are_least_privilege():
     ph = dict(Partition="aws", Region=REGION, AccountId="123456789012", FunctionName="nitro-actor",
               RoleName="nitro-actor-role", EcrRepository="nitro-actor", SecretArn="arn:aws:secretsmanager:x:1:secret:s")

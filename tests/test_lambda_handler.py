@@ -176,6 +176,30 @@ def test_misconfigured_function_raises(monkeypatch):
         H.handler({}, Ctx())
 
 
+def test_preload_imports_what_the_function_environment_names(monkeypatch):
+    monkeypatch.setenv(H.PRELOAD_ENV, " nitro.actors.rollout, ,nitro.models ")
+    assert H.preload() == ("nitro.actors.rollout", "nitro.models")
+    monkeypatch.setenv(H.PRELOAD_ENV, "nitro.actors.rollout,nitro.no_such_module")
+    with pytest.raises(H.ConfigurationError, match=r"NITRO_PRELOAD: cannot import 'nitro\.no_such_module'"):
+        H.preload()
+
+
+@pytest.mark.parametrize(("preload", "torch_in_init"),
+                         [("", False), ("nitro.actors.rollout,nitro.models.networks", True)])
+def test_init_imports_pytorch_only_where_the_function_environment_asks(tmp_path, preload, torch_in_init):
+    """A cold start's INIT (importing the handler, in a fresh process): no PyTorch for an MLP
+    policy's actors; PyTorch's networks where ``NITRO_PRELOAD`` names them (an Atari function)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, H.PRELOAD_ENV: preload}
+    code = "import sys, actor_lambda.handler as h; print(h.PRELOADED, 'torch' in sys.modules)"
+    ran = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.strip().endswith(str(torch_in_init))
+
+
 def test_dockerfile_and_requirements():
     root = os.path.join(os.path.dirname(__file__), "..", "actor_lambda")
     docker = Path(root, "Dockerfile").read_text()

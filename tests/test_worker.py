@@ -6,13 +6,12 @@ import numpy as np
 import pytest
 
 from nitro.actors.events import ActorEvent, invocation_id
-from nitro.actors.local import LocalActorPool, warm_modules
+from nitro.actors.local import LocalActorPool, warm_modules, warm_modules_for
 from nitro.actors.worker import ActorState, run_actor
 from nitro.cache import TrajectoryCache, connect_redis
 from nitro.config import NitroConfig
 from nitro.envs import env_spec
 from nitro.models.networks import build_policy
-from nitro.run.runtime import actor_preload
 from nitro.serialization import dumps_tensors, loads_tensors
 
 ENV = "Hopper-v5"
@@ -206,7 +205,7 @@ def test_an_atari_actor_steps_its_games_through_redis_and_the_learners_door(redi
 def test_a_runs_fresh_actors_import_pytorch_only_where_an_invocation_needs_it(overrides, networks, learner_functions):
     """What a run's pool preloads (tests/test_envs_rollout.py shows the rollout itself imports no
     PyTorch; the learner function's modules import it)."""
-    modules = actor_preload(NitroConfig.load(overrides=overrides))
+    modules = warm_modules_for(NitroConfig.load(overrides=overrides))
     assert modules[0] == "nitro.actors.rollout"
     assert ("nitro.models.networks" in modules) == networks
     assert ("nitro.stellaris.gradient" in modules) == learner_functions

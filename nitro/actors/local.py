@@ -35,12 +35,15 @@ import weakref
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from nitro.actors.events import ActorEvent, ActorSummary
 from nitro.actors.local_process import RESET, THREAD_ENV
+
+if TYPE_CHECKING:
+    from nitro.config import NitroConfig
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,12 @@ def warm_modules(actor_fn: str = DEFAULT_ACTOR_FN, *, image_env: bool = False,
         return ()
     return ("nitro.actors.rollout", *(("nitro.models.networks",) if image_env else ()),
             *(("nitro.stellaris.function", "nitro.stellaris.gradient") if learner_functions else ()))
+
+
+def warm_modules_for(config: NitroConfig) -> tuple[str, ...]:
+    """``warm_modules`` for a run of ``config``: what its pool preloads, and what a Lambda function
+    deployed for it imports in INIT (deployments/deploy_lambda.py)."""
+    return warm_modules(image_env=config.env_family == "image", learner_functions=config.learner.mode == "stellaris")
 
 
 class PoolClosedError(RuntimeError):

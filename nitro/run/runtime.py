@@ -67,14 +67,9 @@ def get_run(run_id: str) -> RunContext:
         raise RuntimeError(f"training run {run_id!r} is not open in this process") from None
 
 
-def actor_preload(config: NitroConfig) -> tuple[str, ...]:
-    """What this run's pool preloads in each fresh process (``nitro.actors.local.warm_modules``)."""
-    from nitro.actors.local import warm_modules
-
-    return warm_modules(image_env=config.env_family == "image", learner_functions=config.learner.mode == "stellaris")
-
-
 def make_backend(config: NitroConfig) -> ActorBackend:
+    from nitro.actors.local import LocalActorPool, warm_modules_for
+
     b = config.backend
     if b.kind == "lambda":
         from nitro.actors.lambda_ import LambdaActorBackend
@@ -84,11 +79,9 @@ def make_backend(config: NitroConfig) -> ActorBackend:
         from nitro.actors.ray_ import RayActorBackend
 
         return RayActorBackend(b.ray, cpus=b.workers or os.cpu_count() or 1, timeout_s=b.timeout_s,
-                               memory_mb=b.memory_mb, preload=actor_preload(config))
-    from nitro.actors.local import LocalActorPool
-
+                               memory_mb=b.memory_mb, preload=warm_modules_for(config))
     return LocalActorPool(workers=b.workers or os.cpu_count() or 1, timeout_s=b.timeout_s, memory_mb=b.memory_mb,
-                          preload=actor_preload(config))
+                          preload=warm_modules_for(config))
 
 
 def _start_backend(config: NitroConfig, run_id: str) -> ActorBackend:
