@@ -327,10 +327,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="default: as many as --steps need, +1")
     parser.add_argument("--eval-every", type=int, default=None, help="default: a third of the rounds")
     parser.add_argument("--no-sb3", action="store_true", help="skip the SB3 reference runs")
+    parser.add_argument("--no-nitro", action="store_true", help="SB3 alone, evaluated where Nitro's runs would be "
+                                                                 "(its update sizes beside an earlier Nitro run's)")
     parser.add_argument("--out", default=None, help="file under bench/results/ (default: learning_<algo>.json); "
                                                     "a trial of other settings writes beside the reference")
     parser.add_argument("overrides", nargs="*", help="extra config overrides for Nitro, key=value")
     args = parser.parse_args()
+    if args.no_sb3 and args.no_nitro:
+        parser.error("--no-sb3 and --no-nitro leave nothing to run")
     if not args.no_sb3 and importlib.util.find_spec("stable_baselines3") is None:  # before hours of Nitro's runs
         parser.error("Stable-Baselines3 is not installed: .venv/bin/pip install -e '.[bench]' (or pass --no-sb3)")
     args.home = isolated_home("learning")
@@ -351,12 +355,16 @@ def main() -> None:
     for env_id in args.envs.split(","):
         nitro_runs, sb3_runs = [], []
         for seed in (int(s) for s in args.seeds.split(",")):
-            run = {"seed": seed, **nitro_run(env_id, seed, args)}
-            nitro_runs.append(run)
-            print(f"nitro {env_id} seed {seed}: {run['env_steps']} steps in {run['wall_s']} s, evaluations "
-                  + evaluations(run), flush=True)
-            if not args.no_sb3:
+            # Nitro evaluates in round 0, every eval_every rounds and in the last (nitro.run.invocations)
+            checkpoints = sorted({k * steps_per_round for k in range(1, args.rounds)
+                                  if k % args.eval_every == 0 or k == args.rounds - 1})
+            if not args.no_nitro:
+                run = {"seed": seed, **nitro_run(env_id, seed, args)}
+                nitro_runs.append(run)
+                print(f"nitro {env_id} seed {seed}: {run['env_steps']} steps in {run['wall_s']} s, evaluations "
+                      + evaluations(run), flush=True)
                 checkpoints = [e["trained_steps"] for e in run["evals"] if e["trained_steps"] > 0]
+            if not args.no_sb3:
                 ref = {"seed": seed, **sb3_run(env_id, seed, checkpoints, config.torch_threads())}
                 sb3_runs.append(ref)
                 print(f"sb3   {env_id} seed {seed}: {ref['env_steps']} steps in {ref['wall_s']} s, evaluations "
