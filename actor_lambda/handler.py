@@ -53,7 +53,7 @@ class ConfigurationError(RuntimeError):
 def preload() -> tuple[str, ...]:
     """Import the modules ``NITRO_PRELOAD`` names (comma-separated), in INIT: PyTorch's networks
     for an image env's CNN, the learner function's modules for a Stellaris run. The deploy script
-    sets it from the config it deploys for (``nitro.actors.local.warm_modules_for``), so such a
+    sets it from the config it deploys for (``nitro.actors.preload.warm_modules_for``), so such a
     function's first invocation is as warm as a local pool's. A module that cannot be imported is
     a misconfigured function."""
     names = tuple(n.strip() for n in os.environ.get(PRELOAD_ENV, "").split(",") if n.strip())

@@ -4,7 +4,7 @@
     python bench/actor_start.py --before /tmp/nitro-before --trials 20 --env ALE/Qbert-v5
 
 A local pool's worker, a Ray worker and a Lambda cold start each import what the run's pool preloads
-(``nitro.actors.local.warm_modules_for``) before they take an invocation. Each trial starts a fresh
+(``nitro.actors.preload.warm_modules_for``) before they take an invocation. Each trial starts a fresh
 ``python`` that imports those modules and builds the acting policy from published weights, as the
 first invocation does, once for each arm, alternated: ``after`` (this checkout) and ``before``
 (``--before``, a checkout of an earlier commit whose pool preloads ``nitro.actors.rollout``, which
@@ -75,7 +75,7 @@ def main() -> None:
     args = ap.parse_args()
 
     sys.path.insert(0, str(ROOT))
-    from nitro.actors.local import warm_modules_for
+    from nitro.actors.preload import warm_modules_for
     from nitro.config import NitroConfig
 
     load_before = os.getloadavg()

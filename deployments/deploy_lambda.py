@@ -488,7 +488,7 @@ def spec_from_args(argv: list[str] | None = None) -> DeploySpec:
         spec.provisioned_concurrency = lam.provisioned_concurrency
         if lam.qualifier and not lam.qualifier.isdigit() and lam.qualifier != "$LATEST":
             spec.alias = lam.qualifier
-        from nitro.actors.local import warm_modules_for
+        from nitro.actors.preload import warm_modules_for
 
         # what the function's INIT imports for this config's runs (actor_lambda/handler.py)
         spec.environment["NITRO_PRELOAD"] = ",".join(warm_modules_for(cfg))

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from nitro.actors.events import ActorEvent, invocation_id
-from nitro.actors.local import LocalActorPool, warm_modules, warm_modules_for
+from nitro.actors.local import LocalActorPool
+from nitro.actors.preload import warm_modules, warm_modules_for
 from nitro.actors.worker import ActorState, run_actor
 from nitro.cache import TrajectoryCache, connect_redis
 from nitro.config import NitroConfig

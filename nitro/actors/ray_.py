@@ -40,7 +40,7 @@ from typing import Any
 
 from nitro.actors.events import UNKNOWN_INVOCATION, ActorEvent, ActorSummary, event_payload
 from nitro.actors.lambda_answer import one_line
-from nitro.actors.local import DEFAULT_ACTOR_FN, warm_modules
+from nitro.actors.preload import DEFAULT_ACTOR_FN, warm_modules
 from nitro.actors.ray_cluster import RaySession
 from nitro.config.backend import RayConfig
 

@@ -230,10 +230,7 @@ PRESETS: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
-EnvFamily = Literal["image", "vector"]
-
-
-def _env_family(env_id: Any) -> EnvFamily:
+def _env_family(env_id: Any) -> Literal["image", "vector"]:
     from nitro.envs import UnknownEnvError, env_spec
 
     if isinstance(env_id, str) and env_id.startswith("ALE/"):
@@ -307,7 +304,7 @@ class NitroConfig(_Section):
         return _beneath(PRESETS.get((preset, family), {}), data)
 
     @property
-    def env_family(self) -> EnvFamily:
+    def env_family(self) -> Literal["image", "vector"]:
         """"image" (a CNN policy; the preset's Atari settings) or "vector" (an MLP policy)."""
         return _env_family(self.env_id)
 

@@ -68,7 +68,8 @@ def get_run(run_id: str) -> RunContext:
 
 
 def make_backend(config: NitroConfig) -> ActorBackend:
-    from nitro.actors.local import LocalActorPool, warm_modules_for
+    from nitro.actors.local import LocalActorPool
+    from nitro.actors.preload import warm_modules_for
 
     b = config.backend
     if b.kind == "lambda":
