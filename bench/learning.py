@@ -115,7 +115,7 @@ def update_summary(runs: list[dict]) -> dict:
     """Over ``runs``: each ``UPDATE_SIZE`` value's mean over every update, and over the last third."""
     out: dict = {}
     for part, share in (("all", 0), ("last_third", 2 / 3)):
-        rows = [u for r in runs for u in r.get("updates", [])[int(len(r.get("updates", [])) * share):]]
+        rows = [u for updates in (r.get("updates", []) for r in runs) for u in updates[int(len(updates) * share):]]
         out[part] = {name: round(sum(u[name] for u in rows if name in u) / n, 4)
                      for name in UPDATE_SIZE if (n := sum(name in u for u in rows))}
     return out
@@ -340,6 +340,7 @@ def main() -> None:
     args.home = isolated_home("learning")
     migrate_databases(args.home)
     from nitro.config import NitroConfig
+    from nitro.run.invocations import is_eval_round
 
     config = NitroConfig.load(overrides=[f"env_id={args.envs.split(',')[0]}", *args.overrides])
     steps_per_round = args.actors * config.steps_per_actor
@@ -347,6 +348,9 @@ def main() -> None:
         args.rounds = -(-args.steps // steps_per_round) + 1  # the last round's policy has seen >= --steps
     if args.eval_every is None:
         args.eval_every = (args.rounds - 1) // 3
+    # Nitro's evaluation schedule, for SB3's checkpoints where Nitro does not run beside it
+    schedule = config.model_copy(update={"rounds": args.rounds,
+                                         "eval": config.eval.model_copy(update={"every_rounds": args.eval_every})})
     load_before = os.getloadavg()
     report: dict = {"algo": args.algo, "actors": args.actors, "steps_per_round": steps_per_round,
                     "rounds": args.rounds, "eval_every": args.eval_every, "eval_episodes": EVAL_EPISODES,
@@ -355,9 +359,7 @@ def main() -> None:
     for env_id in args.envs.split(","):
         nitro_runs, sb3_runs = [], []
         for seed in (int(s) for s in args.seeds.split(",")):
-            # Nitro evaluates in round 0, every eval_every rounds and in the last (nitro.run.invocations)
-            checkpoints = sorted({k * steps_per_round for k in range(1, args.rounds)
-                                  if k % args.eval_every == 0 or k == args.rounds - 1})
+            checkpoints = [k * steps_per_round for k in range(1, args.rounds) if is_eval_round(schedule, k)]
             if not args.no_nitro:
                 run = {"seed": seed, **nitro_run(env_id, seed, args)}
                 nitro_runs.append(run)

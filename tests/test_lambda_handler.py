@@ -186,7 +186,7 @@ def test_preload_imports_what_the_function_environment_names(monkeypatch):
 
 @pytest.mark.parametrize(("preload", "torch_in_init"),
                          [("", False), ("nitro.actors.rollout,nitro.models.networks", True)])
-def test_init_imports_pytorch_only_where_the_function_environment_asks(tmp_path, preload, torch_in_init):
+def test_init_imports_pytorch_only_where_the_function_environment_asks(preload, torch_in_init):
     """A cold start's INIT (importing the handler, in a fresh process): no PyTorch for an MLP
     policy's actors; PyTorch's networks where ``NITRO_PRELOAD`` names them (an Atari function)."""
     import subprocess

@@ -45,6 +45,7 @@ from nitro.actors.preload import DEFAULT_ACTOR_FN, warm_modules
 
 log = logging.getLogger(__name__)
 
+
 class PoolClosedError(RuntimeError):
     pass
 
