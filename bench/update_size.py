@@ -1,7 +1,7 @@
 """How far Nitro's PPO updates move the policy, one setting at a time, outside the pipeline.
 
     python bench/update_size.py --label defaults
-    python bench/update_size.py --label width_64 "model.hidden=[64,64]"
+    python bench/update_size.py --label width_256 "model.hidden=[256,256]"
     python bench/update_size.py --label one_actor_2048 --actors 1 steps_per_actor=2048
 
 Each run builds the learner of a config (``env_id`` Humanoid-v5 unless overridden, seed 5, eager
@@ -11,7 +11,8 @@ weights, then runs one ``update`` on them. It reports the mean over the updates 
 fraction (the share of an update's samples whose probability ratio left 1 +- clip), the mean over
 an update's minibatches of the exact KL from the pre-update policy, and the last update's standard
 deviation. The same start and the same rollout seeds for every setting, so settings compare one
-change at a time. The first 18 updates of the defaults in a full run clipped 0.688-0.689 at a KL of
+change at a time. The first 18 updates of 2x256 networks (Humanoid's default until 2026-11-30, now
+2x64: ``TASK_PRESETS`` in nitro/config/presets.py) in a full run clipped 0.688-0.689 at a KL of
 0.084 (docs/results/learning-vs-sb3); this script gives 0.691 / 0.085.
 
 Appends its result to bench/results/update_size_<env>.json, by label.

@@ -20,6 +20,7 @@ from nitro.config.algorithms import ImpactConfig, ModelConfig, PPOConfig
 from nitro.config.backend import BackendConfig, LambdaConfig, RayConfig, Section as _Section
 from nitro.config.learner import LearnerConfig
 from nitro.config.minionsrl import MinionsRLConfig
+from nitro.config.presets import Preset, beneath, env_family, preset_values
 from nitro.envs import EnvId
 
 # sections whose home is another module of the package, imported from here like the rest
@@ -200,55 +201,6 @@ class TrackingConfig(_Section):
     experiment: str = "nitro"
 
 
-Preset = Literal["nitro", "paper"]
-
-# What a preset sets beneath the values a user gives, by env family ("vector": MLP policies,
-# "image": Atari and other image observations, CNN). Fields a preset does not name keep the
-# defaults written below, which are the paper's Table 1 (docs/decisions.md). "paper" is that table with the
-# paper's networks and batch sizes, for replicating the paper; "nitro" are the defaults tuned here
-# (docs/tuning.md: each trial, its seeds and its returns).
-PRESETS: dict[tuple[str, str], dict[str, Any]] = {
-    ("paper", "vector"): {"steps_per_actor": 512},
-    ("paper", "image"): {"steps_per_actor": 32, "envs_per_actor": 1},  # 8 actors x 32 steps of one game each:
-    # the paper's 256-sample Atari batch
-    ("nitro", "vector"): {
-        # 8 actors x 256 = an update every 2048 samples, as SB3's PPO: twice the updates of 512-step
-        # actors for the same samples, which learned faster on Hopper and Walker2d (docs/tuning.md)
-        "steps_per_actor": 256,
-        # SB3's / CleanRL's PPO settings on the paper's 2x256 networks, without the KL penalty
-        "ppo": {"lr": 3e-4, "clip": 0.2, "kl_coef": 0.0, "vf_coef": 0.5, "minibatch_size": 64},
-        # The paper's IMPACT with 8x the SGD steps (64-sample minibatches: 128 steps an update, not
-        # 16) and no entropy bonus: at 300k steps 3.6x / 2.5x the paper's return on Hopper and 2.0x /
-        # 1.6x on Walker2d, every seed higher (docs/tuning.md); still well below PPO's
-        "impact": {"minibatch_size": 64, "entropy_coef": 0.0},
-    },
-    ("nitro", "image"): {
-        "steps_per_actor": 128,  # CleanRL's ppo_atari: 8 envs x 128 steps, 4 epochs of 4 minibatches
-        "ppo": {"lr": 2.5e-4, "clip": 0.1, "kl_coef": 0.0, "entropy_coef": 0.01, "vf_coef": 0.5, "epochs": 4,
-                "minibatch_size": 256, "normalize_rewards": False},
-    },
-}
-
-
-def _env_family(env_id: Any) -> Literal["image", "vector"]:
-    from nitro.envs import UnknownEnvError, env_spec
-
-    if isinstance(env_id, str) and env_id.startswith("ALE/"):
-        return "image"
-    try:
-        return "image" if env_spec(str(env_id)).is_image else "vector"
-    except UnknownEnvError:
-        return "vector"  # the env_id validator reports it
-
-
-def _beneath(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """``defaults`` with ``given`` on top, section by section."""
-    out = dict(defaults)
-    for key, value in given.items():
-        out[key] = _beneath(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
 class NitroConfig(_Section):
     """Everything a run needs: the preset's values for the env's family, under what the user set."""
 
@@ -299,14 +251,12 @@ class NitroConfig(_Section):
     def _apply_preset(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        preset = data.get("preset", "nitro")
-        family = _env_family(data.get("env_id", "Hopper-v5"))
-        return _beneath(PRESETS.get((preset, family), {}), data)
+        return beneath(preset_values(data.get("preset", "nitro"), data.get("env_id", "Hopper-v5")), data)
 
     @property
     def env_family(self) -> Literal["image", "vector"]:
         """"image" (a CNN policy; the preset's Atari settings) or "vector" (an MLP policy)."""
-        return _env_family(self.env_id)
+        return env_family(self.env_id)
 
     @model_validator(mode="after")
     def _vm_scalers_need_vm_pricing(self) -> NitroConfig:

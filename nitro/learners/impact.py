@@ -8,7 +8,7 @@ the current policy at the start of every ``target_update_freq``-th update (``upd
 a fresh batch pi_target = mu and the update is PPO-like; for replayed batches the truncated
 importance weights correct for the staleness. V-trace's values come from the current critic,
 recomputed on everything an update trains on (with the reward scale in force then). The loss is in
-``impact_loss.py``; every setting is an ``ImpactConfig`` field (``nitro/config.py``).
+``impact_loss.py``; every setting is an ``ImpactConfig`` field (``nitro/config/algorithms.py``).
 """
 
 from __future__ import annotations
