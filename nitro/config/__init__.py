@@ -20,7 +20,7 @@ from nitro.config.algorithms import ImpactConfig, ModelConfig, PPOConfig
 from nitro.config.backend import BackendConfig, LambdaConfig, RayConfig, Section as _Section
 from nitro.config.learner import LearnerConfig
 from nitro.config.minionsrl import MinionsRLConfig
-from nitro.config.presets import Preset, beneath, env_family, preset_values
+from nitro.config.presets import EnvFamily, Preset, beneath, env_family, preset_values
 from nitro.envs import EnvId
 
 # sections whose home is another module of the package, imported from here like the rest
@@ -254,7 +254,7 @@ class NitroConfig(_Section):
         return beneath(preset_values(data.get("preset", "nitro"), data.get("env_id", "Hopper-v5")), data)
 
     @property
-    def env_family(self) -> Literal["image", "vector"]:
+    def env_family(self) -> EnvFamily:
         """"image" (a CNN policy; the preset's Atari settings) or "vector" (an MLP policy)."""
         return env_family(self.env_id)
 

@@ -1,4 +1,5 @@
-"""The presets: what the config takes, beneath the values a user gives, for an env's family.
+"""The presets: what the config takes, beneath the values a user gives, for an env's family and,
+where one was tuned, its task.
 
 ``NitroConfig`` applies them before it validates: a preset's values, then the user's on top
 (``beneath``), so a user's value always wins and a field nobody names keeps its section's default.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 Preset = Literal["nitro", "paper"]
+EnvFamily = Literal["image", "vector"]
 
 # What a preset sets, by env family ("vector": MLP policies, "image": Atari and other image
 # observations, CNN). Fields a preset does not name keep the defaults written in the config's
@@ -47,7 +49,7 @@ TASK_PRESETS: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
-def env_family(env_id: Any) -> Literal["image", "vector"]:
+def env_family(env_id: Any) -> EnvFamily:
     """An env id's family: "image" (Atari, or an env whose observations are images) or "vector"."""
     from nitro.envs import UnknownEnvError, env_spec
 

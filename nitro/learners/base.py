@@ -85,6 +85,11 @@ class ActorCriticLearner(Generic[BatchT]):
         self.optimizer = torch.optim.Adam(
             [*self.policy_parameters(), *self.critic.parameters()], lr=cfg.lr, eps=1e-5, fused=True
         )
+        # Fixed for the learner's life (a checkpoint loads into these tensors): named once, not at
+        # every minibatch step
+        self._named = parameter_names(self.policy, self.critic)
+        self._clip_groups = [[(name, p) for name, p in self._named.items() if name.startswith(network)]
+                             for network in ("policy.", "critic.")]
         self.kl_coef: float = float(cfg.kl_coef)
         self.reward_stats = RunningMeanStd()
         self.n_updates = 0
@@ -111,7 +116,7 @@ class ActorCriticLearner(Generic[BatchT]):
 
     def parameter_names(self) -> dict[str, nn.Parameter]:
         """Every trainable parameter (policy, then critic) by the name its gradient carries."""
-        return parameter_names(self.policy, self.critic)
+        return dict(self._named)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """policy.state_dict() (normaliser included), detached copies on the CPU, for publishing."""
@@ -158,16 +163,16 @@ class ActorCriticLearner(Generic[BatchT]):
         if not gradients or not all(g.finite for g in gradients):
             return False
         mean, lr_factor = weighted_mean(gradients, [1.0] * len(gradients) if weights is None else weights)
-        named = self.parameter_names()
-        self.optimizer.zero_grad(set_to_none=True)  # a parameter no gradient reached: Adam leaves it alone
         norms = []
-        for network in ("policy.", "critic."):
-            group = [(p, mean[name]) for name, p in named.items() if name.startswith(network) and name in mean]
-            scaled, norm = clipped([grad.to(p.device, p.dtype) for p, grad in group], self.cfg.max_grad_norm)
-            for (p, _), grad in zip(group, scaled):
+        for group in self._clip_groups:
+            present = [(p, mean[name]) for name, p in group if name in mean]
+            scaled, norm = clipped([grad.to(p.device, p.dtype) for p, grad in present], self.cfg.max_grad_norm)
+            for _, p in group:  # a parameter no gradient reached has none: Adam leaves it alone
+                p.grad = None
+            for (p, _), grad in zip(present, scaled):
                 p.grad = grad
             norms.append(norm)
-        took = all(torch.isfinite(n) for n in norms)
+        took = all(math.isfinite(float(norm)) for norm in norms)
         if took:
             rates = [g["lr"] for g in self.optimizer.param_groups]
             if lr_factor != 1.0:
@@ -176,7 +181,8 @@ class ActorCriticLearner(Generic[BatchT]):
             self.optimizer.step()
             for g, lr in zip(self.optimizer.param_groups, rates):
                 g["lr"] = lr
-        self.optimizer.zero_grad(set_to_none=True)
+        for p in self._named.values():
+            p.grad = None
         return took
 
     def close_update(self, batches: Sequence[Batch], behaviour: Policy) -> dict[str, float]:
