@@ -18,7 +18,10 @@ Nitro's runs are a user's second run and after: one Nitro home and one Prefect h
 invocation, whose databases (Prefect's and the MLflow store) are migrated before the first timed
 run. A first run on a new machine, or in a new home, migrates them first: on a 2-core host a
 one-round Hopper run took 35.1 s in a new home against 22.3 s in a used one (3 alternated pairs,
-2026-11-29; docs/results/learning-vs-sb3).
+2026-11-29; docs/results/learning-vs-sb3). Likewise, where the runs compile their loss
+(``learner_compile``), an untimed 3-round run of each env compiles it first, and the timed runs
+find its kernels in inductor's cache on disk, as a user's second run does; ``--cold-compile``
+times a first run's compile instead (10-21 s on 2-core hosts, bench/update_step.py).
 
 On an Atari game (``ALE/...``) SB3 runs as the rl-zoo trains Atari: ``CnnPolicy`` on
 ``make_atari_env`` (its ``AtariWrapper``: 30 no-ops, frame skip 4 with max-pooling, 84x84
@@ -47,28 +50,58 @@ import os
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from _common import RESULTS, isolated_home, machine, mlflow_uri, run_overrides
+
+if TYPE_CHECKING:
+    from nitro.run.result import RunResult
 
 EVAL_EPISODES = 5
 
 
-def nitro_run(env_id: str, seed: int, args: argparse.Namespace) -> dict:
-    """One Nitro training run, as ``nitro train`` runs it (its own temporary Prefect API server,
-    started beside the run's set-up); returns its evaluations, wall time and steps."""
+def run_overrides_for(env_id: str, seed: int, args: argparse.Namespace) -> list[str]:
+    """A Nitro run's overrides: the invocation's home, the env, its rounds and seed, the fixed actors."""
+    return [*run_overrides(args.home), f"env_id={env_id}", f"algo={args.algo}", f"rounds={args.rounds}",
+            f"seed={seed}", "scaler.name=fixed", f"scaler.fixed_actors={args.actors}",
+            f"eval.every_rounds={args.eval_every}", f"eval.episodes={EVAL_EPISODES}", *args.overrides]
+
+
+def run_nitro(run_id: str, overrides: list[str]) -> tuple[RunResult, float]:
+    """``nitro train``'s command path (its own temporary Prefect API server, started beside the
+    run's set-up): (the run's result, its wall seconds)."""
     from cli.session import run_command
     from flows.training import train
     from nitro.config import NitroConfig
-    from nitro.run.rundir import RunDir
 
-    run_id = f"bench-learning-{env_id.replace('/', '-').lower()}-{seed}"
-    overrides = [*run_overrides(args.home), f"env_id={env_id}", f"algo={args.algo}", f"rounds={args.rounds}",
-                 f"seed={seed}", "scaler.name=fixed", f"scaler.fixed_actors={args.actors}",
-                 f"eval.every_rounds={args.eval_every}", f"eval.episodes={EVAL_EPISODES}", *args.overrides]
     config = NitroConfig.from_yaml(None, overrides)
     started = time.perf_counter()
     result, _ = run_command(config, run_id, lambda: asyncio.run(train(overrides=overrides, run_id=run_id)))
-    wall = time.perf_counter() - started
+    return result, time.perf_counter() - started
+
+
+def warm_compile_cache(env_id: str, args: argparse.Namespace) -> float | None:
+    """Where the runs compile their loss (``learner_compile``), a 3-round run of ``env_id``,
+    untimed, whose round 1 compiles it: inductor keeps the kernels on disk, as after a user's
+    first run, so each timed run pays only the cached compile. Returns its wall seconds (None: the
+    runs do not compile)."""
+    from nitro.config import NitroConfig
+    from nitro.learners.compiled import when_to_compile
+
+    config = NitroConfig.from_yaml(None, run_overrides_for(env_id, 0, args))
+    if config.algo != "ppo" or not when_to_compile(config.learner_compile, config.rounds, bool(config.budget_usd)):
+        return None
+    overrides = [*run_overrides_for(env_id, 0, args), "rounds=3", "learner_compile=true"]
+    _, wall = run_nitro(f"bench-warm-{env_id.replace('/', '-').lower()}", overrides)
+    return round(wall, 1)
+
+
+def nitro_run(env_id: str, seed: int, args: argparse.Namespace) -> dict:
+    """One Nitro training run, as ``nitro train`` runs it; returns its evaluations, wall time and steps."""
+    from nitro.run.rundir import RunDir
+
+    run_id = f"bench-learning-{env_id.replace('/', '-').lower()}-{seed}"
+    result, wall = run_nitro(run_id, run_overrides_for(env_id, seed, args))
     _, state = RunDir(args.home, run_id).load()
     history = state["history"]
     per_round = history[0]["env_steps"] if history else 0
@@ -327,6 +360,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="default: as many as --steps need, +1")
     parser.add_argument("--eval-every", type=int, default=None, help="default: a third of the rounds")
     parser.add_argument("--no-sb3", action="store_true", help="skip the SB3 reference runs")
+    parser.add_argument("--cold-compile", action="store_true",
+                        help="time a first run's compile: no untimed run fills inductor's cache first")
     parser.add_argument("--no-nitro", action="store_true", help="SB3 alone, evaluated where Nitro's runs would be "
                                                                  "(its update sizes beside an earlier Nitro run's)")
     parser.add_argument("--out", default=None, help="file under bench/results/ (default: learning_<algo>.json); "
@@ -358,6 +393,9 @@ def main() -> None:
     out = RESULTS / (args.out or f"learning_{args.algo}.json")
     for env_id in args.envs.split(","):
         nitro_runs, sb3_runs = [], []
+        warm_s = None if args.no_nitro or args.cold_compile else warm_compile_cache(env_id, args)
+        if warm_s is not None:
+            print(f"nitro {env_id}: inductor's cache filled by an untimed 3-round run ({warm_s} s)", flush=True)
         for seed in (int(s) for s in args.seeds.split(",")):
             checkpoints = [k * steps_per_round for k in range(1, args.rounds) if is_eval_round(schedule, k)]
             if not args.no_nitro:
@@ -371,7 +409,7 @@ def main() -> None:
                 sb3_runs.append(ref)
                 print(f"sb3   {env_id} seed {seed}: {ref['env_steps']} steps in {ref['wall_s']} s, evaluations "
                       + evaluations(ref), flush=True)
-        entry: dict = {"nitro": {"runs": nitro_runs}, "sb3": {"runs": sb3_runs}}
+        entry: dict = {"nitro": {"runs": nitro_runs, "compile_cache_filled_s": warm_s}, "sb3": {"runs": sb3_runs}}
         if env_id.startswith("ALE/"):
             entry["random"] = random_score(env_id)
             print(f"random {env_id}: {entry['random']['mean']} over {entry['random']['episodes']} whole games",
