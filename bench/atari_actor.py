@@ -22,7 +22,8 @@ sticky actions 0.25 included), each repeat measures, in this order, on the same 
   rest (the rollout's bookkeeping).
 * ale_vector_env: ale-py's ``AtariVectorEnv`` with the largest E, one worker thread, the same
   preprocessing (no-op starts, max-pool, 84x84 grayscale, 4 frames; no fire reset, no reward
-  clipping), random actions. envpool is recorded as absent when it is not installed.
+  clipping), random actions. envpool: envpool's Atari env, the same E, thread and preprocessing,
+  where envpool is installed (it is not a dependency: ``pip install envpool``).
 
 P2 = actor env-steps/s / ale_act env-steps/s per game and E, from the medians (goal: >= 0.8).
 
@@ -48,6 +49,7 @@ import sys
 import time
 from collections import defaultdict
 from importlib import util
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +247,26 @@ def vector_env(env_id: str, n_envs: int, steps: int, seed: int) -> float:
     return per_env * n_envs / elapsed
 
 
+def envpool_env(env_id: str, n_envs: int, steps: int, seed: int) -> float:
+    """Env steps/s of envpool's Atari env (one worker thread, synchronous) with random actions."""
+    import envpool  # type: ignore[import-not-found]  # optional: measured where installed
+
+    sticky = float(emulator_kwargs(env_id).get("repeat_action_probability", 0.25))
+    envs = envpool.make(env_id.removeprefix("ALE/"), env_type="gymnasium", num_envs=n_envs, batch_size=n_envs,
+                        num_threads=1, seed=seed, frame_skip=FRAME_SKIP, noop_max=NOOP_MAX, img_height=84,
+                        img_width=84, stack_num=4, gray_scale=True, episodic_life=False, reward_clip=False,
+                        use_fire_reset=False, repeat_action_probability=sticky)
+    envs.reset()
+    per_env = math.ceil(steps / n_envs)
+    actions = np.random.default_rng(seed).integers(envs.action_space.n, size=(per_env, n_envs))
+    start = time.perf_counter()
+    for acts in actions:
+        envs.step(acts)
+    elapsed = time.perf_counter() - start
+    envs.close()
+    return per_env * n_envs / elapsed
+
+
 def summary(values: list[float]) -> dict[str, Any]:
     return {"steps_per_s": [round(v, 1) for v in values], "median": round(statistics.median(values), 1)}
 
@@ -290,6 +312,8 @@ def main() -> None:
                 runs[f"actor_{e}"].append(chains[e].run(steps))
                 splits[e].append(chains[e].split(steps))
             runs["ale_vector_env"].append(vector_env(env_id, envs_per_actor[-1], steps, seed))
+            if util.find_spec("envpool"):
+                runs["envpool"].append(envpool_env(env_id, envs_per_actor[-1], steps, seed))
             line = "  ".join(f"{k} {v[-1]:.0f}" for k, v in runs.items())
             print(f"{env_id} repeat {r + 1}/{repeats} (env steps/s): {line}", flush=True)
         ale_med = statistics.median(runs["ale_act"])
@@ -307,6 +331,7 @@ def main() -> None:
             "make_env_cnn": summary(runs["make_env_cnn"]),
             "actor": actor,
             f"ale_vector_env_{envs_per_actor[-1]}": summary(runs["ale_vector_env"]),
+            **({f"envpool_{envs_per_actor[-1]}": summary(runs["envpool"])} if runs["envpool"] else {}),
         }
         for chain in chains.values():
             chain.games.close()
@@ -331,7 +356,8 @@ def main() -> None:
         "games": results,
         "learner": {**learner, "actors": actors, "steps_per_actor": config.steps_per_actor,
                     "envs_per_actor": config.envs_per_actor, "learner_threads": config.torch_threads()},
-        "envpool": "installed" if util.find_spec("envpool") else "not installed here (not measured)",
+        "envpool": (f"envpool {version('envpool')}, measured as envpool_E" if util.find_spec("envpool")
+                    else "not installed here (not measured): pip install envpool"),
         "wall_s": round(time.perf_counter() - started, 1),
         "notes": "env steps are agent steps of 4 frames; all on one core (torch 1 thread, OMP_NUM_THREADS=1); "
                  "actor = nitro.actors.rollout.rollout as a warm worker calls it, without Redis; "
