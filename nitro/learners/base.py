@@ -85,11 +85,7 @@ class ActorCriticLearner(Generic[BatchT]):
         self.optimizer = torch.optim.Adam(
             [*self.policy_parameters(), *self.critic.parameters()], lr=cfg.lr, eps=1e-5, fused=True
         )
-        # Fixed for the learner's life (a checkpoint loads into these tensors): named once, not at
-        # every minibatch step
-        self._named = parameter_names(self.policy, self.critic)
-        self._clip_groups = [[(name, p) for name, p in self._named.items() if name.startswith(network)]
-                             for network in ("policy.", "critic.")]
+        self._named = parameter_names(self.policy, self.critic)  # fixed for the learner's life: named once
         self.kl_coef: float = float(cfg.kl_coef)
         self.reward_stats = RunningMeanStd()
         self.n_updates = 0
@@ -163,13 +159,12 @@ class ActorCriticLearner(Generic[BatchT]):
         if not gradients or not all(g.finite for g in gradients):
             return False
         mean, lr_factor = weighted_mean(gradients, [1.0] * len(gradients) if weights is None else weights)
+        self.optimizer.zero_grad(set_to_none=True)  # a parameter no gradient reached: Adam leaves it alone
         norms = []
-        for group in self._clip_groups:
-            present = [(p, mean[name]) for name, p in group if name in mean]
-            scaled, norm = clipped([grad.to(p.device, p.dtype) for p, grad in present], self.cfg.max_grad_norm)
-            for _, p in group:  # a parameter no gradient reached has none: Adam leaves it alone
-                p.grad = None
-            for (p, _), grad in zip(present, scaled):
+        for network in ("policy.", "critic."):
+            group = [(p, mean[name]) for name, p in self._named.items() if name.startswith(network) and name in mean]
+            scaled, norm = clipped([grad.to(p.device, p.dtype) for p, grad in group], self.cfg.max_grad_norm)
+            for (p, _), grad in zip(group, scaled):
                 p.grad = grad
             norms.append(norm)
         took = all(math.isfinite(float(norm)) for norm in norms)
@@ -181,8 +176,7 @@ class ActorCriticLearner(Generic[BatchT]):
             self.optimizer.step()
             for g, lr in zip(self.optimizer.param_groups, rates):
                 g["lr"] = lr
-        for p in self._named.values():
-            p.grad = None
+        self.optimizer.zero_grad(set_to_none=True)
         return took
 
     def close_update(self, batches: Sequence[Batch], behaviour: Policy) -> dict[str, float]:
