@@ -237,14 +237,7 @@ def vector_env(env_id: str, n_envs: int, steps: int, seed: int) -> float:
                           max_num_frames_per_episode=int(kw.get("max_num_frames_per_episode", 108_000)),
                           use_fire_reset=False, reward_clipping=False, episodic_life=False)
     envs.reset(seed=seed)
-    per_env = math.ceil(steps / n_envs)
-    actions = np.random.default_rng(seed).integers(envs.single_action_space.n, size=(per_env, n_envs))
-    start = time.perf_counter()
-    for acts in actions:
-        envs.step(acts)
-    elapsed = time.perf_counter() - start
-    envs.close()
-    return per_env * n_envs / elapsed
+    return random_steps_per_s(envs, envs.single_action_space.n, n_envs, steps, seed)
 
 
 def envpool_env(env_id: str, n_envs: int, steps: int, seed: int) -> float:
@@ -257,8 +250,13 @@ def envpool_env(env_id: str, n_envs: int, steps: int, seed: int) -> float:
                         img_width=84, stack_num=4, gray_scale=True, episodic_life=False, reward_clip=False,
                         use_fire_reset=False, repeat_action_probability=sticky)
     envs.reset()
+    return random_steps_per_s(envs, envs.action_space.n, n_envs, steps, seed)
+
+
+def random_steps_per_s(envs: Any, n_actions: int, n_envs: int, steps: int, seed: int) -> float:
+    """Env steps/s of a vector env of ``n_envs`` stepped with uniformly random actions; closes it."""
     per_env = math.ceil(steps / n_envs)
-    actions = np.random.default_rng(seed).integers(envs.action_space.n, size=(per_env, n_envs))
+    actions = np.random.default_rng(seed).integers(n_actions, size=(per_env, n_envs))
     start = time.perf_counter()
     for acts in actions:
         envs.step(acts)
