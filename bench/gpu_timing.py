@@ -4,11 +4,11 @@ and on the GPU (``device: cuda``), on the same batches (issue 49, item 4). bench
 The batches are what a round of the nitro preset trains on: ``--actors`` actors x the preset's
 steps_per_actor (Atari: 8 x 128 steps, each actor over envs_per_actor games; Humanoid: 8 x 256),
 rolled out once on the CPU, as actors are, on the preset's networks: Humanoid's are 2x64 since
-2026-11-30, and the files recorded before that timed 2x256. Each device gets a fresh learner from the same seed,
-one untimed update (CUDA's start-up, cuDNN's algorithm search), then timed updates and detections
-(``detector.subset_size`` samples, ``detector.lanczos_steps`` Hessian-vector products): medians
-of ``--gpu-repeats`` on the GPU, of ``--cpu-repeats`` on the CPU, whose runs are long enough to be
-steady. The CPU learner runs ``learner_threads`` torch threads, as a run's learner does, and every
+2026-11-30, and the files recorded before that timed 2x256. Each device gets a fresh learner from
+the same seed, one untimed update (CUDA's start-up, cuDNN's algorithm search), then timed updates
+and detections (``detector.subset_size`` samples, ``detector.lanczos_steps`` Hessian-vector
+products): medians of ``--gpu-repeats`` on the GPU, of ``--cpu-repeats`` on the CPU, whose runs
+are long enough to be steady. The CPU learner runs ``learner_threads`` torch threads, as a run's learner does, and every
 core (``--cpu-threads learner,all``, the default).
 
 Usage:  python bench/gpu_timing.py [--device cpu] [--out PATH]

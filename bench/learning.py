@@ -60,6 +60,11 @@ if TYPE_CHECKING:
 EVAL_EPISODES = 5
 
 
+def env_slug(env_id: str) -> str:
+    """``env_id`` as a part of a run id: "ALE/Qbert-v5" -> "ale-qbert-v5"."""
+    return env_id.replace("/", "-").lower()
+
+
 def run_overrides_for(env_id: str, seed: int, args: argparse.Namespace) -> list[str]:
     """A Nitro run's overrides: the invocation's home, the env, its rounds and seed, the fixed actors."""
     return [*run_overrides(args.home), f"env_id={env_id}", f"algo={args.algo}", f"rounds={args.rounds}",
@@ -88,11 +93,11 @@ def warm_compile_cache(env_id: str, args: argparse.Namespace) -> float | None:
     from nitro.config import NitroConfig
     from nitro.learners.compiled import when_to_compile
 
-    config = NitroConfig.from_yaml(None, run_overrides_for(env_id, 0, args))
+    overrides = run_overrides_for(env_id, 0, args)
+    config = NitroConfig.from_yaml(None, overrides)
     if config.algo != "ppo" or not when_to_compile(config.learner_compile, config.rounds, bool(config.budget_usd)):
         return None
-    overrides = [*run_overrides_for(env_id, 0, args), "rounds=3", "learner_compile=true"]
-    _, wall = run_nitro(f"bench-warm-{env_id.replace('/', '-').lower()}", overrides)
+    _, wall = run_nitro(f"bench-warm-{env_slug(env_id)}", [*overrides, "rounds=3", "learner_compile=true"])
     return round(wall, 1)
 
 
@@ -100,7 +105,7 @@ def nitro_run(env_id: str, seed: int, args: argparse.Namespace) -> dict:
     """One Nitro training run, as ``nitro train`` runs it; returns its evaluations, wall time and steps."""
     from nitro.run.rundir import RunDir
 
-    run_id = f"bench-learning-{env_id.replace('/', '-').lower()}-{seed}"
+    run_id = f"bench-learning-{env_slug(env_id)}-{seed}"
     result, wall = run_nitro(run_id, run_overrides_for(env_id, seed, args))
     _, state = RunDir(args.home, run_id).load()
     history = state["history"]

@@ -7,8 +7,8 @@ For each env, two child processes in turn share one fresh inductor cache: the fi
 nothing (a user's first run on a machine), the second finds the kernels cached (every later run).
 Each builds an eager and a compiled learner from one seed, rolls out 8 batches of 256 steps with
 the start weights (a round of the ``nitro`` preset, its networks too: Humanoid's are 2x64 since
-2026-11-30, and bench/results/update_step.json timed 2x256), and times the first compiled update (the
-compile included), then ``--updates`` updates of each, alternating eager and compiled, on the same
+2026-11-30, and bench/results/update_step.json timed 2x256), and times the first compiled update
+(the compile included), then ``--updates`` updates of each, alternating eager and compiled, on the same
 batches. Also: how far the compiled gradients are from the eager ones on one minibatch (float32
 rounding: the kernels sum in another order). Run it alone on a quiet host. Writes
 bench/results/update_step.json (``--out``).
