@@ -1,13 +1,16 @@
 """One PPO update of the Atari learner (the paper's CNN, policy and critic) on the CPU, timed.
 
     python bench/cnn_update.py --label after --out cnn_update_pad.json   # 6 updates of 1024 Qbert frames
+    python bench/cnn_update.py --label trunk --out cnn_update_shared_trunk.json \
+        separate= shared=model.shared_trunk=true                          # two arms, alternated
 
 The batch is what a round of the 1M-frame runs trains on (docs/results/learning-vs-sb3): 2
-actors x 512 steps over 4 games each, rolled out once with the learner's start weights. One
-untimed update, then ``--updates`` timed ones; prints their median. To compare two versions of
-the code, run it on each, alternating, on a quiet host, and compare the medians pair by pair:
-the host's noise is larger than a run's spread. Appends the run, under its label, to
-bench/results/<--out>.
+actors x 512 steps over 4 games each, rolled out once with the learner's start weights. Each arm
+(``NAME=OVERRIDE,...``, config overrides; one arm of the defaults when none is given) has its own
+learner; one untimed update each, then ``--updates`` timed rounds, each timing one update of every
+arm in turn, so that the host's drift falls on all arms alike. Prints each arm's median, and with
+several arms each one's median ratio to the first's. To compare two versions of the code, run it
+on each, alternating, on a quiet host. Appends the run, under its label, to bench/results/<--out>.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("arms", nargs="*", default=["default="], help="NAME=OVERRIDE,OVERRIDE (config overrides)")
     parser.add_argument("--env", default="ALE/Qbert-v5")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--updates", type=int, default=6)
@@ -40,25 +44,35 @@ def main() -> None:
     from nitro.learners import make_learner
 
     torch.set_num_threads(args.threads)
-    config = NitroConfig.load({"env_id": args.env, "learner_threads": args.threads, "steps_per_actor": 512,
-                               "envs_per_actor": 4})
-    batches = batches_for(config, actors=2)
-    learner = make_learner(config)
+    base = {"env_id": args.env, "learner_threads": args.threads, "steps_per_actor": 512, "envs_per_actor": 4}
+    arms = {}
+    for arm in args.arms:
+        name, _, overrides = arm.partition("=")
+        arms[name] = NitroConfig.load(base, [o for o in overrides.split(",") if o])
+    batches = batches_for(next(iter(arms.values())), actors=2)  # the batches do not depend on the critic
+    learners = {name: make_learner(config) for name, config in arms.items()}
     load_before = os.getloadavg()
-    learner.update(batches)  # untimed: the allocator's and the kernels' first calls
-    seconds = []
+    for learner in learners.values():
+        learner.update(batches)  # untimed: the allocator's and the kernels' first calls
+    seconds: dict[str, list[float]] = {name: [] for name in learners}
     for _ in range(args.updates):
-        started = time.perf_counter()
-        learner.update(batches)
-        seconds.append(time.perf_counter() - started)
-    median = statistics.median(seconds)
-    print(f"{args.env} update of {sum(len(b['rewards']) for b in batches)} frames on {args.threads} threads: "
-          f"median {median:.3f} s of {[round(s, 3) for s in seconds]}")
+        for name, learner in learners.items():
+            started = time.perf_counter()
+            learner.update(batches)
+            seconds[name].append(time.perf_counter() - started)
+    frames = sum(len(b["rewards"]) for b in batches)
+    medians = {name: statistics.median(s) for name, s in seconds.items()}
+    first = next(iter(medians.values()))
+    for name, s in seconds.items():
+        print(f"{args.env} update of {frames} frames on {args.threads} threads, {name}: median {medians[name]:.3f} s "
+              f"({medians[name] / first:.2f}x {next(iter(medians))}) of {[round(x, 3) for x in s]}")
     out = RESULTS / args.out
     report = json.loads(out.read_text()) if out.exists() else {"benchmark": "cnn_update", "runs": []}
-    report["runs"].append({"label": args.label, "env": args.env, "threads": args.threads, "update_s": seconds,
-                           "median_s": median, "machine": machine(load_avg_before=load_before,
-                                                                  load_avg_after=os.getloadavg())})
+    machine_info = machine(load_avg_before=load_before, load_avg_after=os.getloadavg())
+    for name, s in seconds.items():
+        report["runs"].append({"label": args.label if len(seconds) == 1 else f"{args.label}: {name}",
+                               "arm": args.arms[list(seconds).index(name)], "env": args.env, "threads": args.threads,
+                               "update_s": s, "median_s": medians[name], "machine": machine_info})
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")
 

@@ -44,6 +44,13 @@ def test_default_preset_is_tuned_and_yields_to_what_the_user_sets():
     assert NitroConfig.load(yaml.safe_load(mine.dump_yaml())) == mine
 
 
+def test_a_shared_trunk_travels_with_the_architecture():
+    cfg = NitroConfig.load({"env_id": "ALE/Qbert-v5"}, ["model.shared_trunk=true"])
+    arch = cfg.model.architecture()
+    assert arch.shared_trunk and type(arch).from_meta(arch.to_meta()) == arch
+    assert not type(arch).from_meta('{"hidden": null, "activation": "tanh", "log_std_init": 0.0}').shared_trunk
+
+
 def test_yaml_and_overrides(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("env_id: Walker2d-v5\nrounds: 7\nppo:\n  lr: 0.001\n")
@@ -67,6 +74,7 @@ def test_yaml_and_overrides(tmp_path):
         ("scaler.name=magic", "scaler.name"),
         ("ppo.nonsense=1", "ppo.nonsense"),
         ("rounds=many", "rounds"),
+        ("model.shared_trunk=true", "model.shared_trunk"),  # Hopper has no CNN trunk to share
     ],
 )
 def test_invalid_values_name_the_field_in_one_line(override, field):

@@ -8,7 +8,7 @@ from nitro.actors.rollout import rollout, rollout_env, rollout_games
 from nitro.envs import ATARI_ENVS, MUJOCO_ENVS, PAPER_ENVS, AtariGames, UnknownEnvError, env_spec, make_env
 from nitro.models import Architecture
 from nitro.models.acting import acting_policy
-from nitro.models.networks import build_critic, build_policy
+from nitro.models.networks import build_critic, build_policy, evaluate
 from nitro.serialization import dumps_tensors
 from nitro.validation import check_batch
 
@@ -67,6 +67,27 @@ def test_networks_have_the_papers_shapes():
     assert trunk(x.float()).shape == (2, 256)  # 84 -> 21 -> 11 -> 1x1x256
     assert build_policy(atari).distribution(x).logits.shape == (2, 6)
     assert build_critic(atari)(build_policy(atari).features(x)).shape == (2,)
+
+
+def test_a_shared_trunk_feeds_both_heads_and_takes_both_gradients():
+    """With ``shared_trunk`` the critic is a value head on the policy's trunk. The policy is the
+    same network either way (an actor's weights do not change), V is the head on the trunk's
+    output, and the value's gradient reaches the trunk, which a separate critic's never does."""
+    import torch
+
+    atari, shared = env_spec(QBERT), Architecture(shared_trunk=True)
+    policy, critic = build_policy(atari, seed=0, arch=shared), build_critic(atari, seed=0, arch=shared)
+    assert policy.state_dict().keys() == build_policy(atari, seed=0).state_dict().keys()
+    assert sum(p.numel() for p in critic.parameters()) == 256 + 1
+    x = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    dist, values = evaluate(policy, critic, policy.features(x))
+    assert torch.equal(dist.logits, policy.distribution(x).logits)
+    latent = policy.body[0](policy.features(x))
+    assert torch.allclose(values, latent @ critic.net.weight[0] + critic.net.bias)
+    trunk = list(policy.body[0].parameters())
+    assert all(float(g.abs().sum()) > 0 for g in torch.autograd.grad(values.sum(), trunk))
+    _, separate_values = evaluate(policy, build_critic(atari, seed=0), policy.features(x))
+    assert torch.autograd.grad(separate_values.sum(), trunk, allow_unused=True) == (None,) * len(trunk)
 
 
 def test_atari_convolutions_start_orthogonal_with_gain_sqrt2():

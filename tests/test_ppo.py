@@ -195,6 +195,8 @@ TINY = EnvSpec("Tiny", "mujoco", (1,), "float32", True, 1, None)
 
 
 class IdentityCritic(nn.Module):
+    reads_trunk = False  # a critic of its own (networks.Critic's attribute)
+
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return features[:, 0]
 
@@ -515,10 +517,14 @@ def test_stats_frozen_during_update_and_closure_supports_hvp(hopper_batches):
     assert all(p.grad is None for p in params)  # autograd.grad leaves no .grad behind
 
 
-def test_learner_runs_on_a_discrete_atari_shaped_batch():
-    """The Categorical / CNN / sign-clipped-reward path, on synthetic frames (no emulator needed)."""
+@pytest.mark.parametrize("shared_trunk", [False, True])
+def test_learner_runs_on_a_discrete_atari_shaped_batch(shared_trunk):
+    """The Categorical / CNN / sign-clipped-reward path, on synthetic frames (no emulator needed),
+    with a critic of its own or a value head on the policy's trunk."""
     spec = EnvSpec("ALE/Qbert-v5", "atari", (4, 84, 84), "uint8", False, 6, None)
-    learner = PPOLearner(spec, PPOConfig(epochs=1, minibatch_size=8), seed=0)
+    learner = PPOLearner(spec, PPOConfig(epochs=1, minibatch_size=8), seed=0,
+                         arch=Architecture(shared_trunk=shared_trunk))
+    before = {name: p.detach().clone() for name, p in learner.parameter_names().items()}
     rng = np.random.default_rng(0)
     T = 16
     obs = rng.integers(0, 256, size=(T, 4, 84, 84), dtype=np.uint8)
@@ -536,3 +542,6 @@ def test_learner_runs_on_a_discrete_atari_shaped_batch():
     assert isinstance(data.anchor, CategoricalParams) and data.anchor.logits.shape == (T, 6)
     m = learner.update([batch]).diagnostics
     assert m["n_samples"] == T and m["kl"] >= 0 and m["logp_drift"] < 1e-4
+    moved = {name for name, p in learner.parameter_names().items() if not torch.equal(p, before[name])}
+    assert moved == set(before)  # both heads, and the trunk(s)
+    assert ("critic.net.weight" in moved) == shared_trunk

@@ -265,6 +265,12 @@ class NitroConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _shared_trunk_on_images(self) -> NitroConfig:
+        if self.model.shared_trunk and self.env_family != "image":
+            raise ValueError(f"model.shared_trunk: {self.env_id} has vector observations; only a CNN's trunk is shared")
+        return self
+
+    @model_validator(mode="after")
     def _cluster_reaches_redis(self) -> NitroConfig:
         # The run's own Redis listens on loopback only: a cluster's nodes could not write a batch.
         if self.backend.kind == "ray" and self.backend.ray.address is not None and self.redis.url is None:

@@ -63,13 +63,18 @@ class ImpactConfig(Section):
 
 
 class ModelConfig(Section):
-    """The MLP's shape for vector observations (image observations use the fixed CNN)."""
+    """The MLP's shape for vector observations; for image observations (the fixed CNN), whether the
+    critic has a trunk of its own."""
 
     hidden: list[int] = Field(default_factory=lambda: [256, 256], min_length=1, description="hidden layer widths")
     activation: Literal["tanh", "relu"] = "tanh"
     log_std_init: float = Field(0.0, description="initial log standard deviation of the Gaussian policy")
+    shared_trunk: bool = Field(False, description="image envs only: the critic is a value head on the policy's "
+                               "CNN trunk (SB3's and CleanRL's Atari PPO); false: a critic of the policy's shape, "
+                               "as the paper")
 
     def architecture(self):
         from nitro.models import Architecture
 
-        return Architecture(hidden=tuple(self.hidden), activation=self.activation, log_std_init=self.log_std_init)
+        return Architecture(hidden=tuple(self.hidden), activation=self.activation, log_std_init=self.log_std_init,
+                            shared_trunk=self.shared_trunk)

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
-from nitro.models.networks import Critic, Policy
+from nitro.models.networks import Critic, Policy, evaluate
 
 FORWARD_CHUNK = 1024
 
@@ -65,8 +65,8 @@ def concat_params(parts: Sequence[DistParams]) -> DistParams:
 
 @torch.no_grad()
 def forward_values(policy: Policy, critic: Critic, obs: torch.Tensor) -> torch.Tensor:
-    """critic(policy.features(obs)) in chunks of ``FORWARD_CHUNK``, with no grad."""
-    out = [critic(policy.features(chunk)) for chunk in torch.split(obs, FORWARD_CHUNK)]
+    """V(s) (``networks.evaluate``) in chunks of ``FORWARD_CHUNK``, with no grad."""
+    out = [evaluate(policy, critic, policy.features(chunk))[1] for chunk in torch.split(obs, FORWARD_CHUNK)]
     return torch.cat(out) if out else torch.zeros(0, device=obs.device)
 
 

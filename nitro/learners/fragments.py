@@ -6,7 +6,8 @@ A fragment is one actor's batch of the round. The learner computes one gradient 
 with its own ``compute_gradients`` (the loss it trains on, before any step of the update) and
 reports, per part of the network, the mean squared norm of the fragments' gradients and the
 squared norm of their mean. The policy part is the policy loss's gradient; the critic part is the
-value loss's (scaled by ``vf_coef``, which cancels in the noise scale's ratio).
+value loss's (scaled by ``vf_coef``, which cancels in the noise scale's ratio). A CNN's shared trunk
+is the policy's: its gradient, the value loss's through it included, counts in the policy part.
 
 Each fragment contributes at most ``ROWS_PER_FRAGMENT`` rows, evenly strided over its steps: the
 measurement then costs about a fortieth of a 10-epoch update instead of a tenth, and the rows of a

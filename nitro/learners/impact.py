@@ -38,7 +38,7 @@ from nitro.learners.impact_loss import (
 )
 from nitro.learners.replay import ReplayBuffer, replay_batches, replay_tensors
 from nitro.learners.statistics import action_std, explained_variance
-from nitro.models.networks import Policy
+from nitro.models.networks import Policy, evaluate
 from nitro.validation import check_batch
 
 
@@ -132,9 +132,8 @@ class ImpactLearner(ActorCriticLearner[ImpactBatch]):
 
         def total_loss(idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             mb = impact_minibatch(data, idx)
-            feats = self.policy.features(mb.obs)  # shared by the policy and the critic
-            return impact_loss(self.policy.distribution_from_features(feats), self.critic(feats), mb,
-                               vf_coef=cfg.vf_coef, **self._coefs())
+            dist, values = evaluate(self.policy, self.critic, self.policy.features(mb.obs))
+            return impact_loss(dist, values, mb, vf_coef=cfg.vf_coef, **self._coefs())
 
         result = self._optimise(data, lambda idx: impact_objective(self.policy, data, idx, **self._coefs())(),
                                 lambda idx: self.loss_gradients(total_loss, idx), epochs=cfg.epochs,

@@ -140,7 +140,7 @@ def prepare_impact_batches(
     """Concatenate actor batches into training tensors with V-trace targets.
 
     Each batch is its own sequence (V-trace never runs across two batches). Values and successor
-    values (``returns.values_and_successors``) come from ``critic(policy.features(.))``, the
+    values (``returns.values_and_successors``) come from ``distributions.forward_values``, the
     current critic and normaliser; rho and c from the target policy against the behaviour
     log-probabilities."""
     if not batches:

@@ -26,7 +26,7 @@ from nitro.learners.returns import compute_gae, values_and_successors
 from nitro.learners.sgd import normalise_advantages
 from nitro.learners.statistics import training_rewards
 from nitro.learners.truncation import clipped_surrogate_of_ratio, truncated_ratio
-from nitro.models.networks import Critic, Policy
+from nitro.models.networks import Critic, Policy, evaluate
 
 
 class PPOBatch(NamedTuple):
@@ -134,12 +134,12 @@ def ppo_minibatch_loss(policy: Policy, critic: Critic, data: PPOBatch, rows: tor
     learner may compile (``compiled.CompiledOrEager``). ``live`` (Stellaris): the other live
     versions, whose ratios truncate this one's."""
     mb = ppo_minibatch(data, rows)
-    feats = policy.features(mb.obs)  # shared by the policy and the critic
+    dist, values = evaluate(policy, critic, policy.features(mb.obs))
     live_logps = None
     if live is not None:
         with torch.no_grad():
             live_logps = [other.distribution(mb.obs).log_prob(mb.actions) for other in live]
-    return ppo_loss(policy.distribution_from_features(feats), critic(feats), mb, clip=clip, kl_coef=kl_coef,
+    return ppo_loss(dist, values, mb, clip=clip, kl_coef=kl_coef,
                     vf_clip=vf_clip, vf_coef=vf_coef, entropy_coef=entropy_coef, live_logps=live_logps,
                     is_ratio=is_ratio)
 
@@ -183,8 +183,8 @@ def prepare_batches(
     """Concatenate actor batches into training tensors, with values, GAE and the old policy.
 
     Each batch is its own sequence (its own actor, its own episodes): GAE never runs across two
-    batches. Successor values follow ``returns.values_and_successors``; values come from
-    ``critic(policy.features(obs))`` with the policy's current (frozen) normaliser."""
+    batches. Successor values follow ``returns.values_and_successors``; values come from the current
+    critic (``distributions.forward_values``) with the policy's current (frozen) normaliser."""
     if not batches:
         raise ValueError("prepare_batches needs at least one batch")
     device = next(policy.parameters()).device

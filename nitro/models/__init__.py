@@ -16,8 +16,9 @@ weights (``Architecture.to_meta``) so that an actor builds the same network the 
 
 The policy carries its observation normaliser as buffers, so ``policy.state_dict()`` is the whole
 thing an actor needs: the statistics ship with the weights. The critic stays on the learner and
-reads the policy's normalised features (``critic(policy.features(obs))``), so both see one set of
-statistics.
+reads the policy's normalised features (``networks.evaluate``), so both see one set of statistics;
+on an image env with ``Architecture.shared_trunk`` it is a value head on the policy's CNN trunk,
+as SB3's and CleanRL's Atari PPO (docs/tuning.md says which the presets use).
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ Action = np.ndarray | np.int64
 
 @dataclass(frozen=True)
 class Architecture:
-    """The MLP's shape (the CNN's is fixed)."""
+    """The MLP's shape, and whether a CNN's critic reads the policy's trunk (the CNN's shape is fixed)."""
 
     hidden: tuple[int, ...] | None = None  # None: the paper's two layers of HIDDEN
     activation: str = "tanh"  # "tanh" | "relu"
     log_std_init: float = 0.0  # initial log standard deviation of the Gaussian policy
+    shared_trunk: bool = False  # image envs: a value head on the policy's trunk, not a critic of its own
 
     def to_meta(self) -> str:
         return json.dumps(asdict(self))
@@ -54,7 +56,7 @@ class Architecture:
         d = json.loads(text)
         hidden = None if d["hidden"] is None else tuple(int(h) for h in d["hidden"])
         return cls(hidden=hidden, activation=str(d["activation"]),
-                   log_std_init=float(d["log_std_init"]))
+                   log_std_init=float(d["log_std_init"]), shared_trunk=bool(d.get("shared_trunk", False)))
 
 
 def layer_of(weights: Mapping[str, np.ndarray], name: str) -> tuple[np.ndarray, np.ndarray]:

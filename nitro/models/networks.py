@@ -142,7 +142,10 @@ class Policy(nn.Module):
         return self.obs_norm(obs)
 
     def distribution_from_features(self, x: torch.Tensor) -> Distribution:
-        out = self.body(x)
+        return self.distribution_of(self.body(x))
+
+    def distribution_of(self, out: torch.Tensor) -> Distribution:
+        """pi(.|s) from the body's output: the Gaussian's mean, or the logits."""
         if self.spec.continuous:
             # validate_args=False: torch's argument checks cost ~90 us per distribution,
             # and these arguments come from our own network
@@ -228,17 +231,35 @@ class CNNActor:
 
 
 class Critic(nn.Module):
-    """V(s) on the policy's normalised features; a separate network of the policy's shape."""
+    """V(s): a separate network of the policy's shape on the policy's normalised features, or, with
+    ``arch.shared_trunk`` on an image env, a value head on the policy's CNN trunk (``reads_trunk``;
+    ``evaluate`` feeds it the trunk's output)."""
 
     def __init__(self, spec: EnvSpec, arch: Architecture = Architecture()):
         super().__init__()
-        if spec.is_image:
+        self.reads_trunk = spec.is_image and arch.shared_trunk
+        if self.reads_trunk:
+            self.net: nn.Module = nn.Linear(HIDDEN, 1)
+            nn.init.orthogonal_(self.net.weight, 1.0)  # SB3's and CleanRL's value head on their shared trunk
+            nn.init.zeros_(self.net.bias)
+        elif spec.is_image:
             self.net = nn.Sequential(AtariTrunk(spec.obs_shape[0]), nn.Linear(HIDDEN, 1))
         else:
             self.net = _mlp(spec.obs_shape[0], 1, out_gain=1.0, arch=arch)
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.net(features).squeeze(-1)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """V on the policy's features, or on its trunk's output where the critic reads the trunk."""
+        return self.net(x).squeeze(-1)
+
+
+def evaluate(policy: Policy, critic: Critic, features: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
+    """pi(.|s) and V(s) on the policy's features: the trunk runs once where the critic reads it,
+    and its gradient is then the sum of the policy's loss and the value loss through it."""
+    if critic.reads_trunk:
+        trunk, head = policy.body
+        latent = trunk(features)
+        return policy.distribution_of(head(latent)), critic(latent)
+    return policy.distribution_from_features(features), critic(features)
 
 
 def build_policy(spec: EnvSpec, seed: int | None = None, arch: Architecture = Architecture()) -> Policy:
