@@ -2,7 +2,7 @@
 
     python bench/cnn_update.py --label after --out cnn_update_pad.json   # 6 updates of 1024 Qbert frames
     python bench/cnn_update.py --label trunk --out cnn_update_shared_trunk.json \
-        separate= shared=model.shared_trunk=true                          # two arms, alternated
+        separate=model.shared_trunk=false shared=model.shared_trunk=true  # two arms, alternated
 
 The batch is what a round of the 1M-frame runs trains on (docs/results/learning-vs-sb3): 2
 actors x 512 steps over 4 games each, rolled out once with the learner's start weights. Each arm

@@ -8,10 +8,11 @@
 ``bench/learning_pooled.py`` pools Nitro against SB3; this compares any arms, two settings of one
 learner included. An arm is ``NAME=LEARNER@FILE,FILE,...`` (files under bench/results/, LEARNER
 ``nitro`` or ``sb3``), and takes the last evaluation (5 whole episodes) of every run of LEARNER on
-``--env`` in those files. It prints, per arm and action mode, each seed's return, the mean and the
-IQM with rliable's stratified-bootstrap 95% CI, and the first arm's probability of improvement over
-each other arm (P(X > Y), with its CI). Writes the same under bench/results/ (``--out``). Nothing is
-run: no timing, so it may run beside anything.
+``--env`` in those files, with the training curve there (the mean of the last 100 whole training
+games) where the run recorded one. It prints, per arm and score (each action mode, and the curve),
+each seed's return, the mean and the IQM with rliable's stratified-bootstrap 95% CI, and the first
+arm's probability of improvement over each other arm (P(X > Y), with its CI). Writes the same
+under bench/results/ (``--out``). Nothing is run: no timing, so it may run beside anything.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from _common import RESULTS
 
 from nitro.experiments.aggregate import format_estimate, improvement_probability, interval
 
-MODES = ("deterministic", "stochastic")
+MODES = ("deterministic", "stochastic", "training")
 
 
 def arm_runs(spec: str, env: str) -> tuple[str, dict]:
@@ -39,7 +40,8 @@ def arm_runs(spec: str, env: str) -> tuple[str, dict]:
             runs["seeds"].append(run["seed"])
             runs["sources"].append(file)
             for mode in MODES:
-                runs[mode].append(round(float(run["evals"][-1][mode]), 1))
+                if run["evals"][-1].get(mode) is not None:  # runs before 2026-11-27 recorded no curve
+                    runs[mode].append(round(float(run["evals"][-1][mode]), 1))
     if not runs["seeds"]:
         raise SystemExit(f"--arm {name!r}: no {learner} run on {env} in {files}")
     return name, runs
@@ -53,8 +55,9 @@ def main() -> None:
     args = parser.parse_args()
     arms = dict(arm_runs(spec, args.env) for spec in args.arm)
     first = next(iter(arms))
+    modes = [mode for mode in MODES if all(runs[mode] for runs in arms.values())]
     for name, runs in arms.items():
-        for mode in MODES:
+        for mode in modes:
             scores = [[v] for v in runs[mode]]
             runs[f"{mode}_mean"] = interval(scores, "mean").as_dict()
             runs[f"{mode}_iqm"] = interval(scores, "IQM").as_dict()
@@ -62,9 +65,11 @@ def main() -> None:
                 runs[f"{mode}_p_{first}_better"] = improvement_probability(
                     [[v] for v in arms[first][mode]], scores).as_dict()
         print(f"{name}: {len(runs['seeds'])} runs, seeds {runs['seeds']}")
-        for mode in MODES:
+        for mode in modes:
             mean, iqm = (format_estimate(runs[f"{mode}_{stat}"], ".0f") for stat in ("mean", "iqm"))
             line = f"  {mode:13s} {' '.join(f'{v:.0f}' for v in runs[mode])}; mean {mean}, IQM {iqm}"
+            if len(runs[mode]) < len(runs["seeds"]):
+                line += f" ({len(runs[mode])} of {len(runs['seeds'])} runs)"
             if name != first:
                 line += f"; P({first} > {name}) {format_estimate(runs[f'{mode}_p_{first}_better'], '.2f')}"
             print(line)

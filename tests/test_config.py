@@ -35,6 +35,7 @@ def test_default_preset_is_tuned_and_yields_to_what_the_user_sets():
     atari = NitroConfig(env_id="ALE/Qbert-v5")
     assert (atari.ppo.lr, atari.ppo.clip, atari.ppo.entropy_coef, atari.steps_per_actor) == (2.5e-4, 0.1, 0.01, 128)
     assert (atari.impact.minibatch_size, atari.impact.entropy_coef) == (512, 0.01)  # IMPACT on images: the paper's
+    assert atari.model.shared_trunk and not NitroConfig(env_id="ALE/Qbert-v5", preset="paper").model.shared_trunk
     assert cfg.model.hidden == [256, 256] and NitroConfig(env_id="Humanoid-v5").model.hidden == [64, 64]  # a task's
     assert NitroConfig(env_id="Humanoid-v5", preset="paper").model.hidden == [256, 256]
     assert NitroConfig.load(overrides=["env_id=Humanoid-v5", "model.hidden=[128,128]"]).model.hidden == [128, 128]
