@@ -517,6 +517,14 @@ def test_stats_frozen_during_update_and_closure_supports_hvp(hopper_batches):
     assert all(p.grad is None for p in params)  # autograd.grad leaves no .grad behind
 
 
+def test_a_checkpoint_of_another_network_is_refused_naming_the_model_section():
+    spec = EnvSpec("ALE/Qbert-v5", "atari", (4, 84, 84), "uint8", False, 6, None)
+    shared = PPOLearner(spec, PPOConfig(), seed=0, arch=Architecture(shared_trunk=True))
+    separate = PPOLearner(spec, PPOConfig(), seed=0)
+    with pytest.raises(ValueError, match=r"checkpoint's critic is not the network .*model.shared_trunk"):
+        separate.load_state_dict(*shared.state_dict())
+
+
 @pytest.mark.parametrize("shared_trunk", [False, True])
 def test_learner_runs_on_a_discrete_atari_shaped_batch(shared_trunk):
     """The Categorical / CNN / sign-clipped-reward path, on synthetic frames (no emulator needed),

@@ -37,8 +37,8 @@ PRESETS: dict[tuple[str, str], dict[str, Any]] = {
         "ppo": {"lr": 2.5e-4, "clip": 0.1, "kl_coef": 0.0, "entropy_coef": 0.01, "vf_coef": 0.5, "epochs": 4,
                 "minibatch_size": 256, "normalize_rewards": False},
         # One CNN trunk under the policy's and the critic's heads, as SB3 and CleanRL: an update in 0.56x
-        # the time of two trunks', and Gravitar's training curve 1.15x / 1.56x the separate critic's on
-        # seeds 2 / 3 at 1M frames (docs/tuning.md)
+        # the time of two trunks'; Gravitar's training curve 1.15x / 1.56x the separate critic's on seeds
+        # 2 / 3 at 1M frames, SpaceInvaders' 0.80x on seed 2 (docs/tuning.md: mixed, thin evidence)
         "model": {"shared_trunk": True},
     },
 }

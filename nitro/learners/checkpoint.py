@@ -26,10 +26,18 @@ def module_tensors(modules: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
 
 
 def load_module_tensors(modules: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor]) -> None:
-    """Inverse of ``module_tensors`` (strict: every key of every module must be there)."""
+    """Inverse of ``module_tensors`` (strict: every key of every module there, and no other). Tensors
+    of another network are a one-line error that names the config's model section."""
     for prefix, module in modules.items():
         n = len(prefix) + 1
-        module.load_state_dict({k[n:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}, strict=True)
+        state = {k[n:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+        differing = sorted(state.keys() ^ module.state_dict().keys())
+        if differing:
+            # An Atari run's config.yaml from before model.shared_trunk existed takes the preset's true.
+            raise ValueError(f"the checkpoint's {prefix} is not the network this config builds (tensors "
+                             f"{', '.join(differing[:3])} differ): set the model section as the run that wrote "
+                             "it had it (model.hidden; model.shared_trunk, false for Atari runs before 2026-12-02)")
+        module.load_state_dict(state, strict=True)
 
 
 def as_tensors(tensors: Mapping[str, ArrayLike]) -> dict[str, torch.Tensor]:
