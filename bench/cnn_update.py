@@ -45,10 +45,13 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     base = {"env_id": args.env, "learner_threads": args.threads, "steps_per_actor": 512, "envs_per_actor": 4}
-    arms = {}
+    specs: dict[str, str] = {}
     for arm in args.arms:
         name, _, overrides = arm.partition("=")
-        arms[name] = NitroConfig.load(base, [o for o in overrides.split(",") if o])
+        if name in specs:
+            raise SystemExit(f"cnn_update: two arms are named {name!r}; name each arm once")
+        specs[name] = overrides
+    arms = {name: NitroConfig.load(base, [o for o in overrides.split(",") if o]) for name, overrides in specs.items()}
     batches = batches_for(next(iter(arms.values())), actors=2)  # the batches do not depend on the critic
     learners = {name: make_learner(config) for name, config in arms.items()}
     load_before = os.getloadavg()
@@ -71,7 +74,7 @@ def main() -> None:
     machine_info = machine(load_avg_before=load_before, load_avg_after=os.getloadavg())
     for name, s in seconds.items():
         report["runs"].append({"label": args.label if len(seconds) == 1 else f"{args.label}: {name}",
-                               "arm": args.arms[list(seconds).index(name)], "env": args.env, "threads": args.threads,
+                               "arm": f"{name}={specs[name]}", "env": args.env, "threads": args.threads,
                                "update_s": s, "median_s": medians[name], "machine": machine_info})
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")

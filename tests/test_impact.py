@@ -14,7 +14,7 @@ from torch.distributions import Categorical
 
 from nitro.actors.rollout import rollout
 from nitro.config import ImpactConfig
-from nitro.envs import EnvSpec, env_spec
+from nitro.envs import env_spec
 from nitro.learners import ImpactLearner, OffPolicyLearner
 from nitro.learners.distributions import CategoricalParams, GaussianParams
 from nitro.learners.impact_loss import (
@@ -28,6 +28,7 @@ from nitro.learners.replay import ReplayBuffer
 from nitro.learners.returns import compute_gae, vtrace_returns
 from nitro.scaling.detector import detect_on_batch, hessian_extremes
 from nitro.serialization import dumps_tensors, loads_tensors
+from tests.support.specs import ATARI_SHAPED
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -389,7 +390,7 @@ def test_objective_gives_finite_hessian(hopper_batches):
 
 
 def test_categorical_atari_shaped_smoke():
-    spec = EnvSpec("ALE/Qbert-v5", "atari", (4, 84, 84), "uint8", False, 6, None)
+    spec = ATARI_SHAPED
     learner = ImpactLearner(spec, ImpactConfig(minibatch_size=8), seed=0)
     rng = np.random.default_rng(0)
 

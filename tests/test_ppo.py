@@ -31,6 +31,7 @@ from nitro.learners.statistics import action_std, discounted_return_trace, expla
 from nitro.models import Architecture
 from nitro.models.networks import Policy
 from nitro.serialization import dumps_tensors, loads_tensors
+from tests.support.specs import ATARI_SHAPED
 
 LN2 = math.log(2.0)
 
@@ -518,7 +519,7 @@ def test_stats_frozen_during_update_and_closure_supports_hvp(hopper_batches):
 
 
 def test_a_checkpoint_of_another_network_is_refused_naming_the_model_section():
-    spec = EnvSpec("ALE/Qbert-v5", "atari", (4, 84, 84), "uint8", False, 6, None)
+    spec = ATARI_SHAPED
     shared = PPOLearner(spec, PPOConfig(), seed=0, arch=Architecture(shared_trunk=True))
     separate = PPOLearner(spec, PPOConfig(), seed=0)
     with pytest.raises(ValueError, match=r"checkpoint's critic is not the network .*model.shared_trunk"):
@@ -529,7 +530,7 @@ def test_a_checkpoint_of_another_network_is_refused_naming_the_model_section():
 def test_learner_runs_on_a_discrete_atari_shaped_batch(shared_trunk):
     """The Categorical / CNN / sign-clipped-reward path, on synthetic frames (no emulator needed),
     with a critic of its own or a value head on the policy's trunk."""
-    spec = EnvSpec("ALE/Qbert-v5", "atari", (4, 84, 84), "uint8", False, 6, None)
+    spec = ATARI_SHAPED
     learner = PPOLearner(spec, PPOConfig(epochs=1, minibatch_size=8), seed=0,
                          arch=Architecture(shared_trunk=shared_trunk))
     before = {name: p.detach().clone() for name, p in learner.parameter_names().items()}
