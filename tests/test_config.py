@@ -45,6 +45,16 @@ def test_default_preset_is_tuned_and_yields_to_what_the_user_sets():
     assert NitroConfig.load(yaml.safe_load(mine.dump_yaml())) == mine
 
 
+def test_a_dump_lacking_a_later_field_takes_its_default_not_the_presets_value():
+    """A run's config.yaml written before a field existed resumes as that run ran."""
+    text = NitroConfig(env_id="ALE/Qbert-v5").dump_yaml()
+    dump = yaml.safe_load(text)
+    assert text.startswith("# ") and dump["resolved"] is True and dump["model"]["shared_trunk"] is True
+    del dump["model"]["shared_trunk"]  # as in an Atari run's dump from before model.shared_trunk
+    assert not NitroConfig.load(dump).model.shared_trunk
+    assert NitroConfig.load(dump, ["resolved=false"]).model.shared_trunk  # a config a user writes takes the preset's
+
+
 def test_a_shared_trunk_travels_with_the_architecture():
     cfg = NitroConfig.load({"env_id": "ALE/Qbert-v5"}, ["model.shared_trunk=true"])
     arch = cfg.model.architecture()

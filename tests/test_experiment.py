@@ -144,6 +144,19 @@ def test_cell_config_compare_modes():
     assert (cfg.rounds, cfg.budget_usd) == (40, 0.05)
 
 
+def test_a_cell_whose_saved_config_differs_is_named_with_the_field(tmp_path):
+    from nitro.config import NitroConfig
+    from nitro.experiments import saved_config_mismatch
+    from nitro.run.rundir import RunDir
+
+    config = NitroConfig.load({"home": str(tmp_path), "rounds": 3})
+    assert saved_config_mismatch(config, "cell") is None  # nothing saved yet
+    RunDir(tmp_path, "cell").save_config(config.dump_yaml())
+    assert saved_config_mismatch(config, "cell") is None  # its own dump, `resolved: true` and all
+    edited = NitroConfig.load({"home": str(tmp_path), "rounds": 3, "ppo": {"lr": 1e-3}})
+    assert "different config (ppo.lr)" in saved_config_mismatch(edited, "cell")
+
+
 def test_cell_configs_do_not_leak_into_each_other():
     spec = load_spec(_spec(base={"env_id": "Hopper-v5", "scaler": {"i_max": 32}}))
     before = json.dumps(spec.base, sort_keys=True)

@@ -27,6 +27,9 @@ from nitro.envs import EnvId
 __all__ = ["BackendConfig", "ImpactConfig", "LambdaConfig", "ModelConfig", "PPOConfig", "RayConfig"]
 
 
+RESOLVED = "resolved"  # the key that marks a dump (NitroConfig.dump_yaml)
+
+
 class ConfigError(ValueError):
     """A configuration value is invalid; the message is one line and names the field."""
 
@@ -251,6 +254,10 @@ class NitroConfig(_Section):
     def _apply_preset(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        if isinstance(data.get(RESOLVED), bool):
+            resolved, data = data[RESOLVED], {k: v for k, v in data.items() if k != RESOLVED}
+            if resolved:  # a dump (dump_yaml): its preset was applied when it was written
+                return data
         return beneath(preset_values(data.get("preset", "nitro"), data.get("env_id", "Hopper-v5")), data)
 
     @property
@@ -350,7 +357,12 @@ class NitroConfig(_Section):
         return out
 
     def dump_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
+        """Every field, marked ``resolved: true``. Loaded again (``nitro resume`` reads a run's
+        ``config.yaml``), presets fill none of the fields it lacks, those added to Nitro after it was
+        written: they take their defaults, which keep what such a run did before they existed."""
+        header = ("# Every field of a Nitro config. resolved: true, so a field added to Nitro after this was "
+                  "written takes its default, not the preset's value.\n")
+        return header + yaml.safe_dump({RESOLVED: True, **self.model_dump(mode="json", by_alias=True)}, sort_keys=False)
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:

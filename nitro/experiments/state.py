@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from nitro.config import NitroConfig
+from nitro.config import RESOLVED, NitroConfig
 
 DONE_MARKER = "experiment-cell-done.json"
 
@@ -92,7 +92,7 @@ def saved_config_mismatch(config: NitroConfig, run_id: str) -> str | None:
     path = RunDir(config.home, run_id).config_file
     if not path.exists():
         return None
-    old = yaml.safe_load(path.read_text()) or {}
+    old = {k: v for k, v in (yaml.safe_load(path.read_text()) or {}).items() if k != RESOLVED}
     new = config.model_dump(mode="json", by_alias=True)
     diff = sorted(k for k in set(_flat(old)) | set(_flat(new)) if _flat(old).get(k) != _flat(new).get(k))
     if not diff:
