@@ -33,11 +33,9 @@ def load_module_tensors(modules: Mapping[str, nn.Module], tensors: Mapping[str, 
         state = {k[n:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
         differing = sorted(state.keys() ^ module.state_dict().keys())
         if differing:
-            # An Atari run's config.yaml from before 2026-12-02 lacks both model.shared_trunk and
-            # `resolved: true` (NitroConfig.dump_yaml), so it takes the preset's true.
             raise ValueError(f"the checkpoint's {prefix} is not the network this config builds (tensors "
                              f"{', '.join(differing[:3])} differ): set the model section as the run that wrote "
-                             "it had it (model.hidden; model.shared_trunk, false for Atari runs before 2026-12-02)")
+                             "it had it (model.hidden, model.shared_trunk)")
         module.load_state_dict(state, strict=True)
 
 
