@@ -37,7 +37,7 @@ PRESETS: dict[tuple[str, str], dict[str, Any]] = {
         "ppo": {"lr": 2.5e-4, "clip": 0.1, "kl_coef": 0.0, "entropy_coef": 0.01, "vf_coef": 0.5, "epochs": 4,
                 "minibatch_size": 256, "normalize_rewards": False},
         # The critic keeps a CNN of its own (the paper's). model.shared_trunk=true (SB3's and CleanRL's
-        # layout) runs in 0.69x the wall, but its training curve was below the separate critic's on all
+        # layout) runs in 0.69x its wall, but its training curve was below the separate critic's on all
         # three SpaceInvaders seeds (0.79x), above on both Gravitar seeds and level on Qbert's one
         # (docs/tuning.md); only the separate critic is level with SB3 on a game.
     },
