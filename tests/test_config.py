@@ -55,11 +55,12 @@ def test_a_dump_lacking_a_later_field_takes_its_default_not_the_presets_value():
     assert NitroConfig.load(dump, ["resolved=false"]).ppo.lr == 2.5e-4  # a config a user writes takes the preset's
 
 
-def test_a_shared_trunk_travels_with_the_architecture():
-    cfg = NitroConfig.load({"env_id": "ALE/Qbert-v5"}, ["model.shared_trunk=true"])
+def test_a_shared_trunk_and_the_cnn_travel_with_the_architecture():
+    cfg = NitroConfig.load({"env_id": "ALE/Qbert-v5"}, ["model.shared_trunk=true", "model.cnn=nature"])
     arch = cfg.model.architecture()
-    assert arch.shared_trunk and type(arch).from_meta(arch.to_meta()) == arch
-    assert not type(arch).from_meta('{"hidden": null, "activation": "tanh", "log_std_init": 0.0}').shared_trunk
+    assert arch.shared_trunk and arch.cnn == "nature" and type(arch).from_meta(arch.to_meta()) == arch
+    older = type(arch).from_meta('{"hidden": null, "activation": "tanh", "log_std_init": 0.0}')
+    assert not older.shared_trunk and older.cnn == "paper"  # weights published before either field
 
 
 def test_yaml_and_overrides(tmp_path):
@@ -86,6 +87,7 @@ def test_yaml_and_overrides(tmp_path):
         ("ppo.nonsense=1", "ppo.nonsense"),
         ("rounds=many", "rounds"),
         ("model.shared_trunk=true", "model.shared_trunk"),  # Hopper has no CNN trunk to share
+        ("model.cnn=nature", "model.cnn"),  # nor a CNN at all
     ],
 )
 def test_invalid_values_name_the_field_in_one_line(override, field):

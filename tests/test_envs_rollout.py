@@ -69,6 +69,22 @@ def test_networks_have_the_papers_shapes():
     assert build_critic(atari)(build_policy(atari).features(x)).shape == (2,)
 
 
+def test_the_nature_cnn_is_dqns_as_sb3_builds_it():
+    """``model.cnn=nature``: 32@8x8/4, 64@4x4/2, 64@3x3/1, then 3136 -> 512, as SB3's ``NatureCNN``;
+    its parameters counted by hand: 4*32*64+32, 32*64*16+64, 64*64*9+64 and 3136*512+512."""
+    import torch
+
+    atari, nature = env_spec(QBERT), Architecture(cnn="nature")
+    trunk = build_policy(atari, seed=0, arch=nature).body[0]
+    assert sum(p.numel() for p in trunk.parameters()) == 8224 + 32832 + 36928 + 1606144
+    x = torch.zeros(2, 4, 84, 84, dtype=torch.uint8)
+    assert trunk(x.float()).shape == (2, 512)
+    assert build_policy(atari, arch=nature).distribution(x).logits.shape == (2, 6)
+    assert build_critic(atari, arch=nature)(build_policy(atari).features(x)).shape == (2,)
+    shared = Architecture(cnn="nature", shared_trunk=True)
+    assert sum(p.numel() for p in build_critic(atari, arch=shared).parameters()) == 512 + 1
+
+
 def test_a_shared_trunk_feeds_both_heads_and_takes_both_gradients():
     """With ``shared_trunk`` the critic is a value head on the policy's trunk. The policy is the
     same network either way (an actor's weights do not change), V is the head on the trunk's
@@ -96,14 +112,17 @@ def test_atari_convolutions_start_orthogonal_with_gain_sqrt2():
     left the features about 12x smaller and the policy barely moved on Qbert (docs/tuning.md)."""
     import torch
 
-    atari = env_spec("ALE/Qbert-v5")
-    for net in (build_policy(atari, seed=0), build_critic(atari, seed=0)):
+    atari, nature = env_spec("ALE/Qbert-v5"), Architecture(cnn="nature")
+    for net in (build_policy(atari, seed=0), build_critic(atari, seed=0), build_policy(atari, seed=0, arch=nature),
+                build_critic(atari, seed=0, arch=nature)):
         convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
         assert len(convs) == 3
         for conv in convs:
             w = conv.weight.detach().reshape(conv.out_channels, -1).double()
             assert torch.allclose(w @ w.T, 2 * torch.eye(conv.out_channels, dtype=torch.float64), atol=1e-5)
             assert not conv.bias.detach().any()
+    dense = build_policy(atari, seed=0, arch=nature).body[0].net[7].weight.detach().double()  # 512 x 3136
+    assert torch.allclose(dense @ dense.T, 2 * torch.eye(512, dtype=torch.float64), atol=1e-5)
 
 
 def test_atari_trunk_pads_as_rllibs_filters():
@@ -137,7 +156,8 @@ def test_obs_normaliser_travels_with_the_weights():
     ("Hopper-v5", Architecture()),  # Gaussian, the paper's 2x256 tanh
     ("Hopper-v5", Architecture(hidden=(64, 64, 64), activation="relu", log_std_init=-0.5)),
     ("CartPole-v1", Architecture(hidden=(32,))),  # categorical
-    (QBERT, Architecture()),  # the CNN
+    (QBERT, Architecture()),  # the paper's CNN
+    (QBERT, Architecture(cnn="nature")),
 ])
 def test_the_acting_policy_is_the_learners_policy(env_id, arch):
     """What an actor steps with, built from the published arrays alone, gives the actions and

@@ -524,15 +524,18 @@ def test_a_checkpoint_of_another_network_is_refused_naming_the_model_section():
     separate = PPOLearner(spec, PPOConfig(), seed=0)
     with pytest.raises(ValueError, match=r"checkpoint's critic is not the network .*model.shared_trunk"):
         separate.load_state_dict(*shared.state_dict())
+    nature = PPOLearner(spec, PPOConfig(), seed=0, arch=Architecture(cnn="nature"))
+    with pytest.raises(ValueError, match=r"checkpoint's policy is not the network .*model.cnn"):
+        separate.load_state_dict(*nature.state_dict())
 
 
-@pytest.mark.parametrize("shared_trunk", [False, True])
-def test_learner_runs_on_a_discrete_atari_shaped_batch(shared_trunk):
+@pytest.mark.parametrize(("shared_trunk", "cnn"), [(False, "paper"), (True, "paper"), (True, "nature")])
+def test_learner_runs_on_a_discrete_atari_shaped_batch(shared_trunk, cnn):
     """The Categorical / CNN / sign-clipped-reward path, on synthetic frames (no emulator needed),
-    with a critic of its own or a value head on the policy's trunk."""
+    with a critic of its own or a value head on the policy's trunk, on either CNN."""
     spec = ATARI_SHAPED
     learner = PPOLearner(spec, PPOConfig(epochs=1, minibatch_size=8), seed=0,
-                         arch=Architecture(shared_trunk=shared_trunk))
+                         arch=Architecture(shared_trunk=shared_trunk, cnn=cnn))
     before = {name: p.detach().clone() for name, p in learner.parameter_names().items()}
     rng = np.random.default_rng(0)
     T = 16

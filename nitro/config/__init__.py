@@ -272,9 +272,11 @@ class NitroConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _shared_trunk_on_images(self) -> NitroConfig:
+    def _cnn_fields_on_images(self) -> NitroConfig:
         if self.model.shared_trunk and self.env_family != "image":
             raise ValueError(f"model.shared_trunk: {self.env_id} has vector observations; only a CNN's trunk is shared")
+        if self.model.cnn != "paper" and self.env_family != "image":
+            raise ValueError(f"model.cnn: {self.env_id} has vector observations; its networks are MLPs (model.hidden)")
         return self
 
     @model_validator(mode="after")

@@ -63,7 +63,7 @@ class ImpactConfig(Section):
 
 
 class ModelConfig(Section):
-    """The MLP's shape for vector observations; for image observations (the fixed CNN), whether the
+    """The MLP's shape for vector observations; for image observations, which CNN and whether the
     critic has a trunk of its own."""
 
     hidden: list[int] = Field(default_factory=lambda: [256, 256], min_length=1, description="hidden layer widths")
@@ -72,9 +72,12 @@ class ModelConfig(Section):
     shared_trunk: bool = Field(False, description="image envs only: the critic is a value head on the policy's "
                                "CNN trunk (SB3's and CleanRL's Atari PPO); false: a critic of the policy's shape, "
                                "as the paper")
+    cnn: Literal["paper", "nature"] = Field("paper", description="image envs only: the CNN trunk; paper: "
+                                            "RLlib's 84x84 filters, 256 features (the paper's); nature: DQN's "
+                                            "Nature CNN, 512 features (SB3's and CleanRL's)")
 
     def architecture(self):
         from nitro.models import Architecture
 
         return Architecture(hidden=tuple(self.hidden), activation=self.activation, log_std_init=self.log_std_init,
-                            shared_trunk=self.shared_trunk)
+                            shared_trunk=self.shared_trunk, cnn=self.cnn)

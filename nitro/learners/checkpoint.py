@@ -35,7 +35,7 @@ def load_module_tensors(modules: Mapping[str, nn.Module], tensors: Mapping[str, 
         if differing:
             raise ValueError(f"the checkpoint's {prefix} is not the network this config builds (tensors "
                              f"{', '.join(differing[:3])} differ): set the model section as the run that wrote "
-                             "it had it (model.hidden, model.shared_trunk)")
+                             "it had it (model.hidden, model.shared_trunk, model.cnn)")
         module.load_state_dict(state, strict=True)
 
 

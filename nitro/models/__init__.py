@@ -1,5 +1,6 @@
 """The networks: an MLP Gaussian (or categorical) policy with a separate critic of the same shape
-for vector observations, and RLlib's 84x84 CNN for stacked frames (Atari and other image envs).
+for vector observations, and a CNN for stacked frames (Atari and other image envs): RLlib's 84x84
+filters (the paper's), or DQN's Nature CNN (SB3's and CleanRL's).
 
 Two sides, one set of weights:
 
@@ -18,7 +19,8 @@ The policy carries its observation normaliser as buffers, so ``policy.state_dict
 thing an actor needs: the statistics ship with the weights. The critic stays on the learner and
 reads the policy's normalised features (``networks.evaluate``), so both see one set of statistics;
 on an image env with ``Architecture.shared_trunk`` it is a value head on the policy's CNN trunk,
-as SB3's and CleanRL's Atari PPO (docs/tuning.md says which the presets use).
+as SB3's and CleanRL's Atari PPO, and ``Architecture.cnn`` says which CNN (docs/tuning.md says
+which the presets use).
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ Action = np.ndarray | np.int64
 
 @dataclass(frozen=True)
 class Architecture:
-    """The MLP's shape, and whether a CNN's critic reads the policy's trunk (the CNN's shape is fixed)."""
+    """The MLP's shape; for image envs, which CNN and whether the critic reads the policy's trunk."""
 
     hidden: tuple[int, ...] | None = None  # None: the paper's two layers of HIDDEN
     activation: str = "tanh"  # "tanh" | "relu"
     log_std_init: float = 0.0  # initial log standard deviation of the Gaussian policy
     shared_trunk: bool = False  # image envs: a value head on the policy's trunk, not a critic of its own
+    cnn: str = "paper"  # image envs: "paper" (RLlib's 84x84 filters, 256 features) | "nature" (DQN's, 512)
 
     def to_meta(self) -> str:
         return json.dumps(asdict(self))
@@ -56,7 +59,8 @@ class Architecture:
         d = json.loads(text)
         hidden = None if d["hidden"] is None else tuple(int(h) for h in d["hidden"])
         return cls(hidden=hidden, activation=str(d["activation"]),
-                   log_std_init=float(d["log_std_init"]), shared_trunk=bool(d.get("shared_trunk", False)))
+                   log_std_init=float(d["log_std_init"]), shared_trunk=bool(d.get("shared_trunk", False)),
+                   cnn=str(d.get("cnn", "paper")))
 
 
 def layer_of(weights: Mapping[str, np.ndarray], name: str) -> tuple[np.ndarray, np.ndarray]:

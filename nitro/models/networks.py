@@ -114,8 +114,45 @@ class AtariTrunk(nn.Module):
                 nn.init.orthogonal_(conv.weight, math.sqrt(2))
                 nn.init.zeros_(conv.bias)
 
+    out_features = HIDDEN
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+
+class NatureTrunk(nn.Module):
+    """DQN's Nature CNN, SB3's ``NatureCNN`` and CleanRL's ``ppo_atari`` trunk: 32@8x8/4, 64@4x4/2
+    and 64@3x3/1 valid (84 -> 20 -> 9 -> 7), then a dense layer of 512. About 2.4x the paper
+    trunk's multiply-adds (9.3M against 3.8M a frame), so one shared by the policy and the
+    critic costs about 1.2x the paper's two trunks."""
+
+    out_features = 512
+
+    def __init__(self, in_channels: int):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            nn.Flatten(), nn.Linear(64 * 7 * 7, self.out_features), nn.ReLU(),
+        )
+        for layer in self.net:  # orthogonal with gain sqrt(2), as SB3 and CleanRL start it
+            if isinstance(layer, (nn.Conv2d, nn.Linear)) and layer.bias is not None:
+                nn.init.orthogonal_(layer.weight, math.sqrt(2))
+                nn.init.zeros_(layer.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+CNN_TRUNKS: dict[str, type[AtariTrunk] | type[NatureTrunk]] = {"paper": AtariTrunk, "nature": NatureTrunk}
+
+
+def cnn_trunk_type(arch: Architecture) -> type[AtariTrunk] | type[NatureTrunk]:
+    """The class of the CNN trunk ``arch.cnn`` names."""
+    if arch.cnn not in CNN_TRUNKS:
+        raise ValueError(f"model.cnn: {arch.cnn!r} is not one of {sorted(CNN_TRUNKS)}")
+    return CNN_TRUNKS[arch.cnn]
 
 
 class Policy(nn.Module):
@@ -126,7 +163,8 @@ class Policy(nn.Module):
         self.spec, self.arch = spec, arch
         if spec.is_image:
             self.obs_norm = None
-            trunk, head = AtariTrunk(spec.obs_shape[0]), nn.Linear(HIDDEN, spec.action_dim)
+            trunk = cnn_trunk_type(arch)(spec.obs_shape[0])
+            head = nn.Linear(trunk.out_features, spec.action_dim)
             nn.init.orthogonal_(head.weight, 0.01)
             nn.init.zeros_(head.bias)
             self.body = nn.Sequential(trunk, head)
@@ -184,22 +222,30 @@ class CNNActor:
 
     An Atari actor steps several games and runs the network once per step on all of their
     observations (``nitro.actors.rollout``); a batch of 8 costs about a quarter per observation of
-    one at a time. The last convolution, 256 filters of 11x11 over an 11x11 map, is a dense layer,
-    and one matrix product computes it in about a third of the convolution's time on CPU. The
-    numbers are ``Policy``'s to float32 rounding, and it samples each observation's action from
-    that observation's RNG exactly as ``Policy.sample`` does, so the two are interchangeable.
+    one at a time. The paper trunk's last convolution, 256 filters of 11x11 over an 11x11 map, is a
+    dense layer, and one matrix product computes it in about a third of the convolution's time on
+    CPU. The numbers are ``Policy``'s to float32 rounding, and it samples each observation's action
+    from that observation's RNG exactly as ``Policy.sample`` does, so the two are interchangeable.
     """
 
-    def __init__(self, weights: Mapping[str, np.ndarray]):
-        """From a CNN ``Policy``'s state dict, as published."""
+    def __init__(self, weights: Mapping[str, np.ndarray], cnn: str = "paper"):
+        """From a CNN ``Policy``'s state dict, as published; ``cnn`` is its ``Architecture.cnn``."""
 
         def layer(name: str) -> tuple[torch.Tensor, torch.Tensor]:
             w, b = layer_of(weights, name)
             return torch.tensor(w, dtype=torch.float32), torch.tensor(b, dtype=torch.float32)
 
-        self.conv1, self.conv2 = layer("body.0.net.1"), layer("body.0.net.4")  # AtariTrunk's names
-        w3, b3 = layer("body.0.net.6")
-        self.dense = (w3.reshape(len(w3), -1).t().contiguous(), b3)  # (32*11*11, 256): x.flatten(1) @ it
+        self.cnn = cnn
+        if cnn == "paper":  # AtariTrunk's names
+            self.convs = [layer("body.0.net.1"), layer("body.0.net.4")]
+            w3, b3 = layer("body.0.net.6")
+            self.dense = (w3.reshape(len(w3), -1).t().contiguous(), b3)  # (32*11*11, 256): x.flatten(1) @ it
+        elif cnn == "nature":  # NatureTrunk's names
+            self.convs = [layer("body.0.net.0"), layer("body.0.net.2"), layer("body.0.net.4")]
+            w4, b4 = layer("body.0.net.7")
+            self.dense = (w4.t().contiguous(), b4)
+        else:
+            raise ValueError(f"model.cnn: {cnn!r} is not one of {sorted(CNN_TRUNKS)}")
         wh, bh = layer("body.1")
         self.head = (wh.t().contiguous(), bh)
 
@@ -207,8 +253,12 @@ class CNNActor:
     def logits(self, obs: np.ndarray) -> torch.Tensor:
         """(k, n_actions) float32 logits for k raw uint8 observations (k, 4, 84, 84)."""
         x = torch.from_numpy(np.ascontiguousarray(obs)).float().div_(255.0)  # Policy.features
-        x = F.conv2d(x, *self.conv1, stride=4, padding=2).relu_()  # AtariTrunk's paddings
-        x = F.conv2d(F.pad(x, (1, 2, 1, 2)), *self.conv2, stride=2).relu_()
+        if self.cnn == "paper":  # AtariTrunk's paddings
+            x = F.conv2d(x, *self.convs[0], stride=4, padding=2).relu_()
+            x = F.conv2d(F.pad(x, (1, 2, 1, 2)), *self.convs[1], stride=2).relu_()
+        else:
+            for (w, b), stride in zip(self.convs, (4, 2, 1)):
+                x = F.conv2d(x, w, b, stride=stride).relu_()
         x = torch.addmm(self.dense[1], x.flatten(1), self.dense[0]).relu_()
         return torch.addmm(self.head[1], x, self.head[0])
 
@@ -239,11 +289,12 @@ class Critic(nn.Module):
         super().__init__()
         self.reads_trunk = spec.is_image and arch.shared_trunk
         if self.reads_trunk:
-            self.net: nn.Module = nn.Linear(HIDDEN, 1)
+            self.net: nn.Module = nn.Linear(cnn_trunk_type(arch).out_features, 1)
             nn.init.orthogonal_(self.net.weight, 1.0)  # SB3's and CleanRL's value head on their shared trunk
             nn.init.zeros_(self.net.bias)
         elif spec.is_image:
-            self.net = nn.Sequential(AtariTrunk(spec.obs_shape[0]), nn.Linear(HIDDEN, 1))
+            trunk = cnn_trunk_type(arch)(spec.obs_shape[0])
+            self.net = nn.Sequential(trunk, nn.Linear(trunk.out_features, 1))
         else:
             self.net = _mlp(spec.obs_shape[0], 1, out_gain=1.0, arch=arch)
 
