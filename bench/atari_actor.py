@@ -1,5 +1,6 @@
 """Atari actors on one core against ``ale.act`` alone (the P2 ratio for Atari), and the learner's
-samples/s for the paper's CNN's PPO update on this CPU (issue 49, item 1).
+samples/s for the CNN's PPO update on this CPU (issue 49, item 1); ``--cnn`` names the CNN
+(``model.cnn``: the paper's, or the Nature CNN).
 
 Everything runs in this one process with one torch thread (OMP_NUM_THREADS=1), so each number is
 what one core does. An env step is an agent step: FRAME_SKIP (4) emulator frames. Per game
@@ -32,7 +33,8 @@ nitro preset's shape (steps_per_actor steps over envs_per_actor games), then one
 ``--learner-repeats`` timed updates (and detections) with ``learner_threads`` torch threads.
 
 Usage:  python bench/atari_actor.py [--quick] [--games Qbert,SpaceInvaders,Gravitar] [--envs 1,4,8]
-                                    [--steps 4096] [--repeats 3] [--actors 8] [--out PATH]
+                                    [--steps 4096] [--repeats 3] [--actors 8] [--cnn paper]
+                                    [--out PATH]
         --quick: a smoke test in under a minute (256 steps, one repeat, 2 learner batches);
         its numbers are noisy. Default PATH: bench/results/atari_actor.json (--quick:
         atari_actor_quick.json).
@@ -119,12 +121,12 @@ def make_env_random(env_id: str, steps: int, seed: int) -> float:
     return steps / elapsed
 
 
-def make_env_cnn(env_id: str, weights: dict[str, np.ndarray], steps: int, seed: int) -> float:
+def make_env_cnn(env_id: str, weights: dict[str, np.ndarray], arch: Architecture, steps: int, seed: int) -> float:
     """Env steps/s of ``rollout_env`` in ``make_env``'s env, the CNN acting on one observation at a time."""
     spec = env_spec(env_id)
     env = make_env(env_id)
     start = time.perf_counter()
-    rollout_env(acting_policy(spec, Architecture(), weights), spec, env, seed, steps)
+    rollout_env(acting_policy(spec, arch, weights), spec, env, seed, steps)
     elapsed = time.perf_counter() - start
     env.close()
     return steps / elapsed
@@ -176,8 +178,10 @@ class Stopwatch:
 class ActorChain:
     """A warm actor of E games: each ``rollout`` continues the episodes the previous one left."""
 
-    def __init__(self, env_id: str, weights: dict[str, np.ndarray], n_envs: int, steps_per_actor: int):
-        self.env_id, self.weights, self.n_envs, self.steps_per_actor = env_id, weights, n_envs, steps_per_actor
+    def __init__(self, env_id: str, weights: dict[str, np.ndarray], arch: Architecture, n_envs: int,
+                 steps_per_actor: int):
+        self.env_id, self.weights, self.arch = env_id, weights, arch
+        self.n_envs, self.steps_per_actor = n_envs, steps_per_actor
         self.games = games_for(env_id, n_envs, steps_per_actor)
         self.invocations = 0
         self.carry = self._rollout().carry  # the first invocation starts fresh games (untimed)
@@ -186,7 +190,7 @@ class ActorChain:
         self.invocations += 1
         return rollout(self.weights, self.env_id, seed=self.invocations, n_steps=self.steps_per_actor,
                        n_envs=self.n_envs, resume=self.carry if self.invocations > 1 else (),
-                       env=self.games)
+                       arch=self.arch, env=self.games)
 
     def run(self, steps: int) -> float:
         """Env steps/s of invocations of ``rollout`` worth at least ``steps`` steps."""
@@ -209,7 +213,7 @@ class ActorChain:
             for _ in range(n):
                 self.invocations += 1
                 start = time.perf_counter()
-                actor = acting_policy(env_spec(self.env_id), Architecture(), self.weights)  # rollout's preparation
+                actor = acting_policy(env_spec(self.env_id), self.arch, self.weights)  # rollout's preparation
                 prepare += time.perf_counter() - start
                 watch.wrap(actor, "sample_batch", "policy")
                 watch.wrap(actor, "logits", "forward")
@@ -278,6 +282,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None, help="default 3")
     ap.add_argument("--actors", type=int, default=None, help="learner batches of steps_per_actor (default 8)")
     ap.add_argument("--learner-repeats", type=int, default=None, help="timed updates (default 3)")
+    ap.add_argument("--cnn", choices=("paper", "nature"), default="paper", help="the CNN (model.cnn)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     steps = args.steps or (256 if args.quick else 4096)
@@ -293,10 +298,11 @@ def main() -> None:
 
     results: dict[str, Any] = {}
     for env_id in env_ids:
-        config = NitroConfig.load({"env_id": env_id, "seed": 0})
-        policy = build_policy(env_spec(env_id), seed=0)
+        config = NitroConfig.load({"env_id": env_id, "seed": 0, "model": {"cnn": args.cnn}})
+        arch = config.model.architecture()
+        policy = build_policy(env_spec(env_id), seed=0, arch=arch)
         weights = {k: v.numpy() for k, v in policy.state_dict().items()}
-        chains = {e: ActorChain(env_id, weights, e, config.steps_per_actor) for e in envs_per_actor}
+        chains = {e: ActorChain(env_id, weights, arch, e, config.steps_per_actor) for e in envs_per_actor}
         games = {e: AtariGames(env_id, e) for e in envs_per_actor}
         runs: dict[str, list[float]] = defaultdict(list)
         splits: dict[int, list[dict[str, float]]] = defaultdict(list)
@@ -304,7 +310,7 @@ def main() -> None:
             seed = 1000 * r
             runs["ale_act"].append(ale_act(env_id, steps, seed))
             runs["make_env"].append(make_env_random(env_id, steps, seed))
-            runs["make_env_cnn"].append(make_env_cnn(env_id, weights, steps, seed))
+            runs["make_env_cnn"].append(make_env_cnn(env_id, weights, arch, steps, seed))
             for e in envs_per_actor:
                 runs[f"games_env_{e}"].append(games_random(games[e], steps, seed))
                 runs[f"actor_{e}"].append(chains[e].run(steps))
@@ -336,7 +342,7 @@ def main() -> None:
         for g in games.values():
             g.close()
 
-    config = NitroConfig.load({"env_id": env_ids[0], "seed": 0})
+    config = NitroConfig.load({"env_id": env_ids[0], "seed": 0, "model": {"cnn": args.cnn}})
     batches = batches_for(config, actors)
     learner = time_device(config, batches, "cpu", config.torch_threads(), learner_repeats)
     torch.set_num_threads(1)
@@ -346,7 +352,8 @@ def main() -> None:
     result = {
         "benchmark": "atari_actor",
         "quick": args.quick,
-        "settings": {"steps_per_measurement": steps, "repeats": repeats, "envs_per_actor": envs_per_actor,
+        "settings": {"cnn": args.cnn, "steps_per_measurement": steps, "repeats": repeats,
+                     "envs_per_actor": envs_per_actor,
                      "steps_per_actor": config.steps_per_actor, "frame_skip": FRAME_SKIP,
                      "torch_threads": 1, "omp_num_threads": os.environ["OMP_NUM_THREADS"]},
         "p2_target": P2_TARGET,
