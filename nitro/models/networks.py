@@ -98,6 +98,8 @@ class AtariTrunk(nn.Module):
     Identity in its place keeps the parameters' names (``net.1``, ``net.4``, ``net.6``), which
     checkpoints and published weights carry."""
 
+    out_features = HIDDEN
+
     def __init__(self, in_channels: int):
         super().__init__()
         self.net = nn.Sequential(
@@ -113,8 +115,6 @@ class AtariTrunk(nn.Module):
             if isinstance(conv, nn.Conv2d) and conv.bias is not None:
                 nn.init.orthogonal_(conv.weight, math.sqrt(2))
                 nn.init.zeros_(conv.bias)
-
-    out_features = HIDDEN
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
