@@ -92,5 +92,5 @@ def acting_policy(spec: EnvSpec, arch: Architecture, weights: Mapping[str, np.nd
     if spec.is_image:
         from nitro.models.networks import CNNActor
 
-        return CNNActor(weights, arch.cnn)
+        return CNNActor(weights, arch)
     return NumpyMLPPolicy(weights, arch, spec.continuous)

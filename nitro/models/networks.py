@@ -124,7 +124,7 @@ class NatureTrunk(nn.Module):
     """DQN's Nature CNN, SB3's ``NatureCNN`` and CleanRL's ``ppo_atari`` trunk: 32@8x8/4, 64@4x4/2
     and 64@3x3/1 valid (84 -> 20 -> 9 -> 7), then a dense layer of 512. About 2.4x the paper
     trunk's multiply-adds (9.3M against 3.8M a frame), so one shared by the policy and the
-    critic costs about 1.2x the paper's two trunks."""
+    critic has about 1.2x the multiply-adds of the paper's two trunks."""
 
     out_features = 512
 
@@ -228,24 +228,22 @@ class CNNActor:
     from that observation's RNG exactly as ``Policy.sample`` does, so the two are interchangeable.
     """
 
-    def __init__(self, weights: Mapping[str, np.ndarray], cnn: str = "paper"):
-        """From a CNN ``Policy``'s state dict, as published; ``cnn`` is its ``Architecture.cnn``."""
+    def __init__(self, weights: Mapping[str, np.ndarray], arch: Architecture = Architecture()):
+        """From a CNN ``Policy``'s state dict, as published, and its architecture (which CNN)."""
 
         def layer(name: str) -> tuple[torch.Tensor, torch.Tensor]:
             w, b = layer_of(weights, name)
             return torch.tensor(w, dtype=torch.float32), torch.tensor(b, dtype=torch.float32)
 
-        self.cnn = cnn
-        if cnn == "paper":  # AtariTrunk's names
+        self.paper = cnn_trunk_type(arch) is AtariTrunk
+        if self.paper:  # AtariTrunk's names
             self.convs = [layer("body.0.net.1"), layer("body.0.net.4")]
             w3, b3 = layer("body.0.net.6")
             self.dense = (w3.reshape(len(w3), -1).t().contiguous(), b3)  # (32*11*11, 256): x.flatten(1) @ it
-        elif cnn == "nature":  # NatureTrunk's names
+        else:  # NatureTrunk's names
             self.convs = [layer("body.0.net.0"), layer("body.0.net.2"), layer("body.0.net.4")]
             w4, b4 = layer("body.0.net.7")
             self.dense = (w4.t().contiguous(), b4)
-        else:
-            raise ValueError(f"model.cnn: {cnn!r} is not one of {sorted(CNN_TRUNKS)}")
         wh, bh = layer("body.1")
         self.head = (wh.t().contiguous(), bh)
 
@@ -253,7 +251,7 @@ class CNNActor:
     def logits(self, obs: np.ndarray) -> torch.Tensor:
         """(k, n_actions) float32 logits for k raw uint8 observations (k, 4, 84, 84)."""
         x = torch.from_numpy(np.ascontiguousarray(obs)).float().div_(255.0)  # Policy.features
-        if self.cnn == "paper":  # AtariTrunk's paddings
+        if self.paper:  # AtariTrunk's paddings
             x = F.conv2d(x, *self.convs[0], stride=4, padding=2).relu_()
             x = F.conv2d(F.pad(x, (1, 2, 1, 2)), *self.convs[1], stride=2).relu_()
         else:
