@@ -59,6 +59,7 @@ def layout_reps(env_id: str, layout: str, reps: int, seed: int) -> list[dict]:
     from nitro.config import NitroConfig
     from nitro.envs import make_env
     from nitro.learners import make_learner
+    from nitro.learners.objective import kl_penalty
 
     make_env(env_id)  # registers the ALE ids with gymnasium
     shared = layout == "shared"
@@ -78,16 +79,12 @@ def layout_reps(env_id: str, layout: str, reps: int, seed: int) -> list[dict]:
         module, kind = name.rsplit(".", 1)
         return model.policy.get_parameter(f"{names[module]}.{kind}")
 
-    def logits(policy, obs: np.ndarray) -> torch.Tensor:
+    def distribution(policy, obs: np.ndarray) -> torch.distributions.Categorical:
         with torch.no_grad():
-            return policy(torch.as_tensor(obs)).logits
+            return policy(torch.as_tensor(obs))
 
     def sb3_policy(obs: torch.Tensor):
         return model.policy.get_distribution(obs.float()).distribution
-
-    def kl(before: torch.Tensor, after: torch.Tensor) -> float:
-        lp, lq = F.log_softmax(before, -1), F.log_softmax(after, -1)
-        return float((lp.exp() * (lp - lq)).sum(-1).mean())
 
     def flat(a: np.ndarray) -> np.ndarray:  # (steps, envs, ...) -> env-major rows, as Nitro's batches
         return a.swapaxes(0, 1).reshape(-1, *a.shape[2:])
@@ -111,8 +108,9 @@ def layout_reps(env_id: str, layout: str, reps: int, seed: int) -> list[dict]:
             for name, p in learner.parameter_names().items():
                 p.copy_(sb3_param(name))
         obs = flat(rb.observations).astype(np.uint8)
-        before = logits(sb3_policy, torch.as_tensor(obs))
-        assert torch.allclose(logits(learner.policy.distribution, obs), before, atol=1e-4), "weights not copied"
+        before = distribution(sb3_policy, torch.as_tensor(obs))
+        assert torch.allclose(distribution(learner.policy.distribution, obs).logits, before.logits, atol=1e-4), \
+            "weights not copied"
 
         # One minibatch, the same rows, each learner's loss and gradient.
         data = learner.prepare(batches)
@@ -144,16 +142,16 @@ def layout_reps(env_id: str, layout: str, reps: int, seed: int) -> list[dict]:
         model.policy.optimizer = model.policy.optimizer_class(model.policy.parameters(), lr=ppo.lr,
                                                               **model.policy.optimizer_kwargs)
         model.train()
-        sb3_after = logits(sb3_policy, torch.as_tensor(obs))
+        sb3_after = distribution(sb3_policy, torch.as_tensor(obs))
         result = learner.update(batches)
-        nitro_after = logits(learner.policy.distribution, obs)
+        nitro_after = distribution(learner.policy.distribution, obs)
         row = {
             "rollout": rep, "rewards": float(rb.rewards.sum()), "lost_lives_or_games": int(rb.episode_starts[1:].sum()),
             "gae_max_abs_diff": float(np.abs(data.advantages.numpy() - flat(rb.advantages)).max()),
             "advantage_std": float(rb.advantages.std()),
             "minibatch_loss": {"sb3": sb3_loss.item(), "nitro": loss.item()},
             "gradient_relative_distance": gradients,
-            "update_kl": {"sb3": kl(before, sb3_after), "nitro": kl(before, nitro_after)},
+            "update_kl": {"sb3": float(kl_penalty(before, sb3_after)), "nitro": float(kl_penalty(before, nitro_after))},
             "update_clip_frac": {"sb3": float(model.logger.name_to_value["train/clip_fraction"]),
                                  "nitro": float(result.diagnostics["clip_frac"])},
         }
