@@ -175,11 +175,11 @@ def last_games_return(history: list[dict]) -> float | None:
     return round(total / games, 1) if games else None
 
 
-def sb3_run(env_id: str, seed: int, checkpoints: list[int], threads: int = 1) -> dict:
-    """SB3 PPO (defaults + VecNormalize; on Atari the rl-zoo's settings), evaluated at
-    ``checkpoints`` training steps."""
+def sb3_run(env_id: str, seed: int, checkpoints: list[int], threads: int = 1, games: str = "sb3") -> dict:
+    """SB3 PPO (defaults + VecNormalize; on Atari the rl-zoo's settings, on ``games``' pipeline),
+    evaluated at ``checkpoints`` training steps."""
     if env_id.startswith("ALE/"):
-        return sb3_atari_run(env_id, seed, checkpoints, threads)
+        return sb3_atari_run(env_id, seed, checkpoints, threads, games)
     import gymnasium as gym
     import numpy as np
     import torch
@@ -251,8 +251,9 @@ def learn_at_checkpoints(model, checkpoints: list[int], evaluate, training=None)
     return {"wall_s": round(wall, 1), "env_steps": int(model.num_timesteps), "evals": evals, "updates": updates}
 
 
-def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int) -> dict:
-    """SB3 PPO with the rl-zoo's Atari settings (module docstring), evaluated on whole games."""
+def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int, games: str = "sb3") -> dict:
+    """SB3 PPO with the rl-zoo's Atari settings (module docstring), evaluated on whole games, on
+    SB3's Atari pipeline (``games="sb3"``) or on Nitro's (``"nitro"``, ``nitro_games``)."""
     import numpy as np
     import torch
     from stable_baselines3 import PPO
@@ -264,11 +265,14 @@ def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int) 
 
     make_env(env_id)  # registers the ALE ids with gymnasium, as Nitro's actors do
     torch.set_num_threads(threads)
-    game = {"frameskip": 1}  # AtariWrapper skips the frames itself
-    venv = VecFrameStack(make_atari_env(env_id, n_envs=8, seed=seed, env_kwargs=game), n_stack=4)
-    whole_games = {"terminal_on_life_loss": False, "clip_reward": False}
-    eval_env = VecFrameStack(make_atari_env(env_id, n_envs=1, seed=seed + 10_000, env_kwargs=game,
-                                            wrapper_kwargs=whole_games), n_stack=4)
+    if games == "nitro":
+        venv, eval_env = nitro_games(env_id, n_envs=8, seed=seed), nitro_games(env_id, 1, seed + 10_000, whole=True)
+    else:
+        game = {"frameskip": 1}  # AtariWrapper skips the frames itself
+        venv = VecFrameStack(make_atari_env(env_id, n_envs=8, seed=seed, env_kwargs=game), n_stack=4)
+        whole_games = {"terminal_on_life_loss": False, "clip_reward": False}
+        eval_env = VecFrameStack(make_atari_env(env_id, n_envs=1, seed=seed + 10_000, env_kwargs=game,
+                                                wrapper_kwargs=whole_games), n_stack=4)
 
     def linear(start: float):
         return lambda progress_remaining: start * progress_remaining
@@ -295,6 +299,46 @@ def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int) 
         return round(float(np.mean(games)), 1) if games else None
 
     return learn_at_checkpoints(model, checkpoints, evaluate, training)
+
+
+def nitro_games(env_id: str, n_envs: int, seed: int, whole: bool = False):
+    """SB3's vector env of ``n_envs`` games played as Nitro's actors play them (``make_env``'s
+    preprocessing, ``rollout_games``' episodes): a lost life ends a training episode while the game
+    goes on from the same frame stack, with no FIRE pressed, and rewards are sign-clipped; where
+    SB3's pipeline zeroes the stack and presses FIRE then UP after each lost life. ``whole``: whole
+    games, raw score (evaluation). Monitor sits beneath, so ``ep_info_buffer`` holds whole games."""
+    import gymnasium as gym
+    import numpy as np
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from nitro.envs import make_env
+
+    class LostLifeEndsEpisode(gym.Wrapper):
+        def __init__(self, env: gym.Env):
+            super().__init__(env)
+            self.lives, self.game_over, self.last_obs = 0, True, None
+
+        def reset(self, **kwargs):
+            if self.game_over:
+                self.last_obs, _ = self.env.reset(**kwargs)
+            self.lives, self.game_over = self.env.unwrapped.ale.lives(), False
+            return self.last_obs, {}
+
+        def step(self, action):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            lives = self.env.unwrapped.ale.lives()
+            lost, self.lives = lives < self.lives, lives
+            self.game_over, self.last_obs = terminated or truncated, obs
+            return obs, float(np.sign(reward)), terminated or lost, truncated, info
+
+    def one() -> gym.Env:
+        game = Monitor(make_env(env_id))
+        return game if whole else LostLifeEndsEpisode(game)
+
+    venv = DummyVecEnv([one] * n_envs)
+    venv.seed(seed)  # game i from seed + i at its first reset, as make_atari_env seeds them
+    return venv
 
 
 def random_score(env_id: str, episodes: int = 10) -> dict:
@@ -369,6 +413,8 @@ def main() -> None:
                         help="time a first run's compile: no untimed run fills inductor's cache first")
     parser.add_argument("--no-nitro", action="store_true", help="SB3 alone, evaluated where Nitro's runs would be "
                                                                  "(its update sizes beside an earlier Nitro run's)")
+    parser.add_argument("--sb3-games", choices=("sb3", "nitro"), default="sb3",
+                        help="Atari: SB3 plays on its own pipeline (AtariWrapper) or on Nitro's (nitro_games)")
     parser.add_argument("--out", default=None, help="file under bench/results/ (default: learning_<algo>.json); "
                                                     "a trial of other settings writes beside the reference")
     parser.add_argument("overrides", nargs="*", help="extra config overrides for Nitro, key=value")
@@ -392,7 +438,8 @@ def main() -> None:
     schedule = config.model_copy(update={"rounds": args.rounds,
                                          "eval": config.eval.model_copy(update={"every_rounds": args.eval_every})})
     load_before = os.getloadavg()
-    report: dict = {"algo": args.algo, "actors": args.actors, "steps_per_round": steps_per_round,
+    report: dict = {"algo": args.algo, "sb3_games": args.sb3_games, "actors": args.actors,
+                    "steps_per_round": steps_per_round,
                     "rounds": args.rounds, "eval_every": args.eval_every, "eval_episodes": EVAL_EPISODES,
                     "overrides": args.overrides, "load_average_before": load_before, "envs": {}}
     out = RESULTS / (args.out or f"learning_{args.algo}.json")
@@ -410,7 +457,7 @@ def main() -> None:
                       + evaluations(run), flush=True)
                 checkpoints = [e["trained_steps"] for e in run["evals"] if e["trained_steps"] > 0]
             if not args.no_sb3:
-                ref = {"seed": seed, **sb3_run(env_id, seed, checkpoints, config.torch_threads())}
+                ref = {"seed": seed, **sb3_run(env_id, seed, checkpoints, config.torch_threads(), args.sb3_games)}
                 sb3_runs.append(ref)
                 print(f"sb3   {env_id} seed {seed}: {ref['env_steps']} steps in {ref['wall_s']} s, evaluations "
                       + evaluations(ref), flush=True)
