@@ -31,7 +31,8 @@ learning rate 2.5e-4 and clip 0.1 both annealed linearly to 0, entropy 0.01. The
 the same id with ``frameskip=1`` (sticky actions as the id sets them), as Nitro's. Both are
 evaluated on whole games (every life, raw score, at most 27,000 agent steps, Nitro's cap), and
 the report gives a uniformly random policy's score on the same games beside them. A "step" is an
-agent step of 4 frames.
+agent step of 4 frames. ``--sb3-games nitro`` trains SB3 on Nitro's games instead (``nitro_games``:
+a new life keeps its frame stack, no FIRE), to tell the games from the learner.
 
 A Nitro evaluation in round k scores the policy trained on the k rounds before it (k x actors x
 steps env steps), so the checkpoints are the steps trained on at evaluation rounds. Writes
