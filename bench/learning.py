@@ -393,7 +393,8 @@ def write_report(report: dict, out) -> None:
     report = {**report, "load_average_after": os.getloadavg(), "machine": machine()}
     if out.exists():
         old = json.loads(out.read_text())
-        same = all(old.get(k) == report[k] for k in ("algo", "actors", "steps_per_round", "rounds", "overrides"))
+        same = all(old.get(k) == report[k] for k in ("algo", "actors", "steps_per_round", "rounds", "overrides")) \
+            and old.get("sb3_games", "sb3") == report["sb3_games"]  # reports before --sb3-games are SB3's games
         if same:
             report["envs"] = {**{k: v for k, v in old.get("envs", {}).items() if k not in report["envs"]},
                               **report["envs"]}
