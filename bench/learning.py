@@ -32,7 +32,9 @@ the same id with ``frameskip=1`` (sticky actions as the id sets them), as Nitro'
 evaluated on whole games (every life, raw score, at most 27,000 agent steps, Nitro's cap), and
 the report gives a uniformly random policy's score on the same games beside them. A "step" is an
 agent step of 4 frames. ``--sb3-games nitro`` trains SB3 on Nitro's games instead (``nitro_games``:
-a new life keeps its frame stack, no FIRE), to tell the games from the learner.
+a new life keeps its frame stack, no FIRE), to tell the games from the learner; ``nitro-fire``
+adds the presses SB3's pipeline forces (a no-op after a lost life, then FIRE and UP, scored by the
+game but not trained on), to tell those presses from the rest of the games.
 
 A Nitro evaluation in round k scores the policy trained on the k rounds before it (k x actors x
 steps env steps), so the checkpoints are the steps trained on at evaluation rounds. Writes
@@ -254,7 +256,8 @@ def learn_at_checkpoints(model, checkpoints: list[int], evaluate, training=None)
 
 def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int, games: str = "sb3") -> dict:
     """SB3 PPO with the rl-zoo's Atari settings (module docstring), evaluated on whole games, on
-    SB3's Atari pipeline (``games="sb3"``) or on Nitro's (``"nitro"``, ``nitro_games``)."""
+    SB3's Atari pipeline (``games="sb3"``) or on Nitro's (``"nitro"``, ``nitro_games``; ``"nitro-fire"``
+    with the presses SB3's pipeline forces)."""
     import numpy as np
     import torch
     from stable_baselines3 import PPO
@@ -266,8 +269,9 @@ def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int, 
 
     make_env(env_id)  # registers the ALE ids with gymnasium, as Nitro's actors do
     torch.set_num_threads(threads)
-    if games == "nitro":
-        venv, eval_env = nitro_games(env_id, n_envs=8, seed=seed), nitro_games(env_id, 1, seed + 10_000, whole=True)
+    if games != "sb3":
+        venv = nitro_games(env_id, n_envs=8, seed=seed, forced_presses=games == "nitro-fire")
+        eval_env = nitro_games(env_id, 1, seed + 10_000, whole=True)
     else:
         game = {"frameskip": 1}  # AtariWrapper skips the frames itself
         venv = VecFrameStack(make_atari_env(env_id, n_envs=8, seed=seed, env_kwargs=game), n_stack=4)
@@ -299,15 +303,23 @@ def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int, 
         games = [float(info["r"]) for info in model.ep_info_buffer or []]
         return round(float(np.mean(games)), 1) if games else None
 
-    return learn_at_checkpoints(model, checkpoints, evaluate, training)
+    result = learn_at_checkpoints(model, checkpoints, evaluate, training)
+    if games == "nitro-fire":  # how much of the training curve the forced presses scored
+        result["forced_presses"] = venv.env_method("forced_tally")
+    return result
 
 
-def nitro_games(env_id: str, n_envs: int, seed: int, whole: bool = False):
+def nitro_games(env_id: str, n_envs: int, seed: int, whole: bool = False, forced_presses: bool = False):
     """SB3's vector env of ``n_envs`` games played as Nitro's actors play them (``make_env``'s
     preprocessing, ``rollout_games``' episodes): a lost life ends a training episode while the game
     goes on from the same frame stack, with no FIRE pressed, and rewards are sign-clipped; where
     SB3's pipeline zeroes the stack and presses FIRE then UP after each lost life. ``whole``: whole
-    games, raw score (evaluation). Monitor sits beneath, so ``ep_info_buffer`` holds whole games."""
+    games, raw score (evaluation). Monitor sits beneath, so ``ep_info_buffer`` holds whole games.
+
+    ``forced_presses``: the presses SB3's ``EpisodicLifeEnv`` and ``FireResetEnv`` make where the
+    game's second action is FIRE, outside the agent's steps: a no-op at the start of a new life,
+    then FIRE (action 1) and action 2 at every start, a game that ends during them started anew.
+    Monitor counts their points, as in SB3's pipeline; ``forced_tally`` says how many."""
     import gymnasium as gym
     import numpy as np
     from stable_baselines3.common.monitor import Monitor
@@ -319,12 +331,25 @@ def nitro_games(env_id: str, n_envs: int, seed: int, whole: bool = False):
         def __init__(self, env: gym.Env):
             super().__init__(env)
             self.lives, self.game_over, self.last_obs = 0, True, None
+            meanings = env.unwrapped.get_action_meanings()
+            self.presses = forced_presses and len(meanings) >= 3 and meanings[1] == "FIRE"
+            self.points, self.steps = 0.0, 0  # what the forced presses scored, and how many there were
 
         def reset(self, **kwargs):
-            if self.game_over:
+            new_game = self.game_over
+            if new_game:
                 self.last_obs, _ = self.env.reset(**kwargs)
+            if self.presses:
+                for action in ((1, 2) if new_game else (0, 1, 2)):
+                    self.last_obs, reward, terminated, truncated, _ = self.env.step(action)
+                    self.points, self.steps = self.points + float(reward), self.steps + 1
+                    if terminated or truncated:
+                        self.last_obs, _ = self.env.reset(**kwargs)
             self.lives, self.game_over = self.env.unwrapped.ale.lives(), False
             return self.last_obs, {}
+
+        def forced_tally(self) -> dict:
+            return {"points": self.points, "steps": self.steps}
 
         def step(self, action):
             obs, reward, terminated, truncated, info = self.env.step(action)
@@ -415,8 +440,9 @@ def main() -> None:
                         help="time a first run's compile: no untimed run fills inductor's cache first")
     parser.add_argument("--no-nitro", action="store_true", help="SB3 alone, evaluated where Nitro's runs would be "
                                                                  "(its update sizes beside an earlier Nitro run's)")
-    parser.add_argument("--sb3-games", choices=("sb3", "nitro"), default="sb3",
-                        help="Atari: SB3 plays on its own pipeline (AtariWrapper) or on Nitro's (nitro_games)")
+    parser.add_argument("--sb3-games", choices=("sb3", "nitro", "nitro-fire"), default="sb3",
+                        help="Atari: SB3 plays on its own pipeline (AtariWrapper) or on Nitro's (nitro_games; "
+                             "nitro-fire: with the presses SB3's pipeline forces after a lost life)")
     parser.add_argument("--out", default=None, help="file under bench/results/ (default: learning_<algo>.json); "
                                                     "a trial of other settings writes beside the reference")
     parser.add_argument("overrides", nargs="*", help="extra config overrides for Nitro, key=value")
