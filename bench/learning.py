@@ -34,7 +34,9 @@ the report gives a uniformly random policy's score on the same games beside them
 agent step of 4 frames. ``--sb3-games nitro`` trains SB3 on Nitro's games instead (``nitro_games``:
 a new life keeps its frame stack, no FIRE), to tell the games from the learner; ``nitro-fire``
 adds the presses SB3's pipeline forces (a no-op after a lost life, then FIRE and UP, scored by the
-game but not trained on), to tell those presses from the rest of the games.
+game but not trained on), to tell those presses from the rest of the games; ``nitro-sb3-life``
+adds to those SB3's blank frame stack at each new life, so that only the pooling order differs
+from SB3's own pipeline.
 
 A Nitro evaluation in round k scores the policy trained on the k rounds before it (k x actors x
 steps env steps), so the checkpoints are the steps trained on at evaluation rounds. Writes
@@ -270,7 +272,8 @@ def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int, 
     make_env(env_id)  # registers the ALE ids with gymnasium, as Nitro's actors do
     torch.set_num_threads(threads)
     if games != "sb3":
-        venv = nitro_games(env_id, n_envs=8, seed=seed, forced_presses=games == "nitro-fire")
+        venv = nitro_games(env_id, n_envs=8, seed=seed, forced_presses=games != "nitro",
+                           blank_stack=games == "nitro-sb3-life")
         eval_env = nitro_games(env_id, 1, seed + 10_000, whole=True)
     else:
         game = {"frameskip": 1}  # AtariWrapper skips the frames itself
@@ -304,12 +307,13 @@ def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int, 
         return round(float(np.mean(games)), 1) if games else None
 
     result = learn_at_checkpoints(model, checkpoints, evaluate, training)
-    if games == "nitro-fire":  # how much of the training curve the forced presses scored
+    if games != "nitro":  # how much of the training curve the forced presses scored
         result["forced_presses"] = venv.env_method("forced_tally")
     return result
 
 
-def nitro_games(env_id: str, n_envs: int, seed: int, whole: bool = False, forced_presses: bool = False):
+def nitro_games(env_id: str, n_envs: int, seed: int, whole: bool = False, forced_presses: bool = False,
+                blank_stack: bool = False):
     """SB3's vector env of ``n_envs`` games played as Nitro's actors play them (``make_env``'s
     preprocessing, ``rollout_games``' episodes): a lost life ends a training episode while the game
     goes on from the same frame stack, with no FIRE pressed, and rewards are sign-clipped; where
@@ -319,7 +323,9 @@ def nitro_games(env_id: str, n_envs: int, seed: int, whole: bool = False, forced
     ``forced_presses``: the presses SB3's ``EpisodicLifeEnv`` and ``FireResetEnv`` make where the
     game's second action is FIRE, outside the agent's steps: a no-op at the start of a new life,
     then FIRE (action 1) and action 2 at every start, a game that ends during them started anew.
-    Monitor counts their points, as in SB3's pipeline; ``forced_tally`` says how many."""
+    Monitor counts their points, as in SB3's pipeline; ``forced_tally`` says how many.
+    ``blank_stack``: a new life or game is seen as SB3's ``VecFrameStack`` shows it after an episode
+    end, its older frames blank until its own fill the stack."""
     import gymnasium as gym
     import numpy as np
     from stable_baselines3.common.monitor import Monitor
@@ -334,6 +340,7 @@ def nitro_games(env_id: str, n_envs: int, seed: int, whole: bool = False, forced
             meanings = env.unwrapped.get_action_meanings()
             self.presses = forced_presses and len(meanings) >= 3 and meanings[1] == "FIRE"
             self.points, self.steps = 0.0, 0  # what the forced presses scored, and how many there were
+            self.since_start = 0  # agent steps since the life or game started
 
         def reset(self, **kwargs):
             new_game = self.game_over
@@ -345,8 +352,16 @@ def nitro_games(env_id: str, n_envs: int, seed: int, whole: bool = False, forced
                     self.points, self.steps = self.points + float(reward), self.steps + 1
                     if terminated or truncated:
                         self.last_obs, _ = self.env.reset(**kwargs)
-            self.lives, self.game_over = self.env.unwrapped.ale.lives(), False
-            return self.last_obs, {}
+            self.lives, self.game_over, self.since_start = self.env.unwrapped.ale.lives(), False, 0
+            return self.blanked(self.last_obs), {}
+
+        def blanked(self, obs):
+            older = len(obs) - 1 - self.since_start  # frames from before this life started
+            if not blank_stack or older <= 0:
+                return obs
+            obs = obs.copy()
+            obs[:older] = 0
+            return obs
 
         def forced_tally(self) -> dict:
             return {"points": self.points, "steps": self.steps}
@@ -355,8 +370,8 @@ def nitro_games(env_id: str, n_envs: int, seed: int, whole: bool = False, forced
             obs, reward, terminated, truncated, info = self.env.step(action)
             lives = self.env.unwrapped.ale.lives()
             lost, self.lives = lives < self.lives, lives
-            self.game_over, self.last_obs = terminated or truncated, obs
-            return obs, float(np.sign(reward)), terminated or lost, truncated, info
+            self.game_over, self.last_obs, self.since_start = terminated or truncated, obs, self.since_start + 1
+            return self.blanked(obs), float(np.sign(reward)), terminated or lost, truncated, info
 
     def one() -> gym.Env:
         game = Monitor(make_env(env_id))
@@ -440,9 +455,10 @@ def main() -> None:
                         help="time a first run's compile: no untimed run fills inductor's cache first")
     parser.add_argument("--no-nitro", action="store_true", help="SB3 alone, evaluated where Nitro's runs would be "
                                                                  "(its update sizes beside an earlier Nitro run's)")
-    parser.add_argument("--sb3-games", choices=("sb3", "nitro", "nitro-fire"), default="sb3",
+    parser.add_argument("--sb3-games", choices=("sb3", "nitro", "nitro-fire", "nitro-sb3-life"), default="sb3",
                         help="Atari: SB3 plays on its own pipeline (AtariWrapper) or on Nitro's (nitro_games; "
-                             "nitro-fire: with the presses SB3's pipeline forces after a lost life)")
+                             "nitro-fire: with the presses SB3's pipeline forces after a lost life; "
+                             "nitro-sb3-life: with those and its blank frame stack at a new life)")
     parser.add_argument("--out", default=None, help="file under bench/results/ (default: learning_<algo>.json); "
                                                     "a trial of other settings writes beside the reference")
     parser.add_argument("overrides", nargs="*", help="extra config overrides for Nitro, key=value")
