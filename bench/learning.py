@@ -259,7 +259,7 @@ def learn_at_checkpoints(model, checkpoints: list[int], evaluate, training=None)
 def sb3_atari_run(env_id: str, seed: int, checkpoints: list[int], threads: int, games: str = "sb3") -> dict:
     """SB3 PPO with the rl-zoo's Atari settings (module docstring), evaluated on whole games, on
     SB3's Atari pipeline (``games="sb3"``) or on Nitro's (``"nitro"``, ``nitro_games``; ``"nitro-fire"``
-    with the presses SB3's pipeline forces)."""
+    with the presses SB3's pipeline forces; ``"nitro-sb3-life"`` with those and its blank stack)."""
     import numpy as np
     import torch
     from stable_baselines3 import PPO
